@@ -1,0 +1,34 @@
+include(CMakePackageConfigHelpers)
+
+get_property(_targets GLOBAL PROPERTY IDEM_STORE_TARGETS)
+install(TARGETS idem_core idem ${_targets} EXPORT idemTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT idemTargets NAMESPACE idem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+
+# The package config looks for a store's dependency only when that store was built.
+get_property(IDEM_STORE_PACKAGES GLOBAL PROPERTY IDEM_STORE_PACKAGES)
+configure_package_config_file(cmake/idemConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/idemConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/idemConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/idemConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/idemConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+
+# pkg-config, for consumers without CMake.
+set(_pc_requires "")
+if("SQLite3" IN_LIST IDEM_STORE_PACKAGES)
+  string(APPEND _pc_requires " sqlite3")
+endif()
+set(_pc_libs "-lidem")
+foreach(t IN LISTS _targets)
+  string(APPEND _pc_libs " -l${t}")
+endforeach()
+string(APPEND _pc_libs " -lidem_core")
+configure_file(cmake/idem.pc.in ${CMAKE_CURRENT_BINARY_DIR}/idem.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/idem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

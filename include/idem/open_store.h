@@ -1,0 +1,56 @@
+#pragma once
+
+// Opens a store from a URL (SPEC §9):
+//
+//   memory:                                   a new, empty in-process store
+//   sqlite:///absolute/path.db[?synchronous=normal|full]
+//   sqlite:relative/path.db
+//   postgresql://user@host:port/db?...        (when built with PostgreSQL)
+//   redis://host:port/db                      (when built with Redis)
+//
+// An unknown scheme, a malformed URL, a store this build does not include or an unreachable
+// server throws idem::InvalidArgument or idem::StoreUnavailable naming what is wrong.
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "idem/clock.h"
+#include "idem/store.h"
+
+namespace idem {
+
+struct OpenOptions {
+  // The clock for stores that take one (memory, SQLite). Null means the system clock.
+  // Stores that judge time by their server's clock ignore it.
+  std::shared_ptr<const Clock> clock;
+};
+
+std::shared_ptr<Store> open_store(std::string_view url, const OpenOptions& options = {});
+
+// The URL schemes this build can open, e.g. {"memory", "sqlite"}.
+std::vector<std::string> available_schemes();
+
+// A URL split into its parts. `scheme:rest` forms keep everything after the colon in
+// `path`; `scheme://[user[:password]@]host[:port]/path?query` fills every field.
+struct Url {
+  std::string scheme;
+  std::string user;
+  std::string password;
+  std::string host;
+  int port = 0;                 // 0: not given
+  std::string path;
+  std::vector<std::pair<std::string, std::string>> query;  // percent-decoded
+  bool has_authority = false;   // "//" followed the scheme
+
+  // The value of query parameter `name`, or `fallback`.
+  std::string param(std::string_view name, std::string_view fallback = {}) const;
+  // The URL as text with the password replaced by "***".
+  std::string redacted() const;
+};
+
+// Throws idem::InvalidArgument("store URL", ...) when the text is not a URL.
+Url parse_url(std::string_view text);
+
+}  // namespace idem

@@ -1,0 +1,48 @@
+#pragma once
+
+// A Store that forwards every call to another one (leveldb's EnvWrapper). Override one
+// method to inject faults in tests or to add metrics, and leave the rest alone.
+
+#include <memory>
+#include <utility>
+
+#include "idem/store.h"
+
+namespace idem {
+
+class StoreWrapper : public Store {
+ public:
+  explicit StoreWrapper(std::shared_ptr<Store> target) : target_(std::move(target)) {}
+
+  Store& target() const { return *target_; }
+  std::string describe() const override { return target_->describe(); }
+
+ protected:
+  AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                           Duration ttl, std::optional<std::string_view> fingerprint) override {
+    return target_->do_acquire(scope, key, lease, ttl, fingerprint);
+  }
+  WriteResult do_complete(std::string_view scope, std::string_view key, Token token,
+                          std::string_view payload, Duration ttl) override {
+    return target_->do_complete(scope, key, token, payload, ttl);
+  }
+  WriteResult do_release(std::string_view scope, std::string_view key, Token token) override {
+    return target_->do_release(scope, key, token);
+  }
+  ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
+                         Duration lease) override {
+    return target_->do_extend(scope, key, token, lease);
+  }
+  std::size_t do_purge(std::size_t limit) override { return target_->do_purge(limit); }
+  std::optional<Record> do_get(std::string_view scope, std::string_view key) override {
+    return target_->do_get(scope, key);
+  }
+  bool do_forget(std::string_view scope, std::string_view key) override {
+    return target_->do_forget(scope, key);
+  }
+
+ private:
+  std::shared_ptr<Store> target_;
+};
+
+}  // namespace idem

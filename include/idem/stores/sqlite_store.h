@@ -1,0 +1,54 @@
+#pragma once
+
+// The SQLite store: embedded and durable; several processes on one machine share the file.
+// Opened by sqlite:///absolute/path.db or sqlite:relative/path.db (see open_store.h).
+
+#include <memory>
+#include <string>
+
+#include "idem/clock.h"
+#include "idem/store.h"
+
+namespace idem {
+
+struct SqliteStoreOptions {
+  // The database file; created with its schema when missing.
+  std::string path;
+  // PRAGMA synchronous: "normal" (default; durable across process crashes, may lose the
+  // last transactions on power loss) or "full".
+  std::string synchronous = "normal";
+  // How long a statement waits for another connection's write lock before failing.
+  Duration busy_timeout{5000};
+  // The clock expiry is judged by. Null: the system clock (wall milliseconds), which every
+  // process on the machine shares.
+  std::shared_ptr<const Clock> clock;
+};
+
+class SqliteStore final : public Store {
+ public:
+  // Opens (creating if needed) the database. Throws StoreUnavailable naming the file and
+  // the cause when it cannot be opened, is not an idem database, or was written by a newer
+  // version of idem.
+  explicit SqliteStore(SqliteStoreOptions options);
+  ~SqliteStore() override;
+
+  std::string describe() const override;
+
+ protected:
+  AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                           Duration ttl, std::optional<std::string_view> fingerprint) override;
+  WriteResult do_complete(std::string_view scope, std::string_view key, Token token,
+                          std::string_view payload, Duration ttl) override;
+  WriteResult do_release(std::string_view scope, std::string_view key, Token token) override;
+  ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
+                         Duration lease) override;
+  std::size_t do_purge(std::size_t limit) override;
+  std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
+  bool do_forget(std::string_view scope, std::string_view key) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem
