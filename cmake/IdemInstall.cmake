@@ -30,5 +30,8 @@ foreach(t IN LISTS _targets)
   string(APPEND _pc_libs " -l${t}")
 endforeach()
 string(APPEND _pc_libs " -lidem_core")
+# Relative, so the installed tree can be moved.
+file(RELATIVE_PATH _pc_up "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" _pc_up "${_pc_up}")
 configure_file(cmake/idem.pc.in ${CMAKE_CURRENT_BINARY_DIR}/idem.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/idem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
