@@ -12,16 +12,19 @@
 namespace idem {
 
 struct SqliteStoreOptions {
-  // The database file; created with its schema when missing.
+  // The database file; created with its schema when missing. A relative path is resolved
+  // against the working directory when the store is opened.
   std::string path;
   // PRAGMA synchronous: "normal" (default; durable across process crashes, may lose the
-  // last transactions on power loss) or "full".
+  // last transactions on power loss) or "full" (also durable across power loss; each write
+  // waits for an fsync).
   std::string synchronous = "normal";
-  // How long a statement waits for another connection's write lock before failing.
+  // How long an operation waits for another connection's lock before failing with
+  // StoreUnavailable. 0: fail at once.
   Duration busy_timeout{5000};
   // The clock expiry is judged by. Null: the system clock (wall milliseconds), which every
   // process on the machine shares.
-  std::shared_ptr<const Clock> clock;
+  std::shared_ptr<const Clock> clock{};
 };
 
 class SqliteStore final : public Store {

@@ -1,0 +1,141 @@
+#include "stores/sqlite/sqlite_db.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "idem/error.h"
+
+namespace idem::sqlite {
+
+Connection::Connection(const std::string& path, std::string store, Duration busy_timeout)
+    : store_(std::move(store)), busy_timeout_(busy_timeout) {
+  sqlite3* raw = nullptr;
+  // NOMUTEX: the pool gives a connection to one thread at a time. No SQLITE_OPEN_URI, so
+  // the (absolute) path is always a plain file name.
+  const int rc = sqlite3_open_v2(path.c_str(), &raw,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                                 nullptr);
+  db_.reset(raw);  // sqlite3_open_v2 hands out a handle even on failure; it must be closed.
+  if (raw == nullptr) throw StoreUnavailable(store_, "cannot open: out of memory");
+  check(rc, "cannot open the database file");
+  check(sqlite3_busy_timeout(raw, static_cast<int>(busy_timeout_.count())),
+        "cannot set the busy timeout");
+}
+
+int Connection::check(int rc, std::string_view what) const {
+  if (rc == SQLITE_OK || rc == SQLITE_ROW || rc == SQLITE_DONE) return rc;
+  fail(rc, what);
+}
+
+void Connection::fail(int rc, std::string_view what) const {
+  std::string reason(what);
+  reason += ": ";
+  const char* msg = db_ ? sqlite3_errmsg(db_.get()) : nullptr;
+  reason += msg != nullptr ? msg : sqlite3_errstr(rc);
+  const int primary = rc & 0xff;
+  if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED) {
+    reason += " (another connection held the lock for longer than the busy timeout of " +
+              std::to_string(busy_timeout_.count()) + " ms)";
+  }
+  // The operating system's reason is what tells "not a directory" from "permission denied".
+  const int sys = db_ ? sqlite3_system_errno(db_.get()) : 0;
+  if (sys != 0 && (primary == SQLITE_CANTOPEN || primary == SQLITE_IOERR ||
+                   primary == SQLITE_READONLY || primary == SQLITE_FULL)) {
+    reason += " (";
+    reason += std::strerror(sys);
+    reason += ")";
+  }
+  throw StoreUnavailable(store_, std::move(reason));
+}
+
+Statement Connection::prepare(const char* sql, const char* name) const {
+  sqlite3_stmt* raw = nullptr;
+  const int rc = sqlite3_prepare_v3(db_.get(), sql, -1, SQLITE_PREPARE_PERSISTENT, &raw, nullptr);
+  Statement stmt{StmtHandle(raw), name};
+  check(rc, std::string("cannot prepare ") + name);
+  return stmt;
+}
+
+void Connection::exec(const char* sql, std::string_view what) const {
+  check(sqlite3_exec(db_.get(), sql, nullptr, nullptr, nullptr), what);
+}
+
+std::int64_t Connection::query_int(const char* sql, std::string_view what) const {
+  Statement stmt = prepare(sql, "query");
+  const int rc = check(sqlite3_step(stmt.handle.get()), what);
+  return rc == SQLITE_ROW ? sqlite3_column_int64(stmt.handle.get(), 0) : 0;
+}
+
+std::string Connection::query_text(const char* sql, std::string_view what) const {
+  Statement stmt = prepare(sql, "query");
+  const int rc = check(sqlite3_step(stmt.handle.get()), what);
+  if (rc != SQLITE_ROW) return {};
+  const auto* text = sqlite3_column_text(stmt.handle.get(), 0);
+  return text == nullptr ? std::string{} : std::string(reinterpret_cast<const char*>(text));
+}
+
+Query::~Query() {
+  // Errors of the last step were already reported by step(); reset only repeats them.
+  sqlite3_reset(raw());
+  sqlite3_clear_bindings(raw());
+}
+
+void Query::check_bind(int rc) {
+  if (rc != SQLITE_OK) conn_.fail(rc, std::string(stmt_.name) + ": cannot bind a parameter");
+}
+
+Query& Query::bind(int index, std::string_view bytes) {
+  // A null data pointer would bind NULL, so an empty value is a zero-length BLOB instead.
+  // SQLITE_STATIC is safe: the Query clears its bindings before the caller's bytes go away.
+  check_bind(bytes.empty() ? sqlite3_bind_zeroblob(raw(), index, 0)
+                           : sqlite3_bind_blob64(raw(), index, bytes.data(), bytes.size(),
+                                                 SQLITE_STATIC));
+  return *this;
+}
+
+Query& Query::bind(int index, std::int64_t value) {
+  check_bind(sqlite3_bind_int64(raw(), index, value));
+  return *this;
+}
+
+Query& Query::bind_null(int index) {
+  check_bind(sqlite3_bind_null(raw(), index));
+  return *this;
+}
+
+bool Query::step() { return conn_.check(sqlite3_step(raw()), stmt_.name) == SQLITE_ROW; }
+
+int Query::run() {
+  while (step()) {
+  }
+  return sqlite3_changes(conn_.db());
+}
+
+std::string_view Query::column_bytes(int col) const {
+  const void* data = sqlite3_column_blob(raw(), col);
+  const int size = sqlite3_column_bytes(raw(), col);
+  if (data == nullptr || size <= 0) return {};
+  return std::string_view(static_cast<const char*>(data), static_cast<std::size_t>(size));
+}
+
+Transaction::Transaction(const Connection& conn, Statement& begin, Statement& commit,
+                         Statement& rollback)
+    : conn_(conn), commit_(commit), rollback_(rollback) {
+  Query(conn_, begin).run();
+}
+
+Transaction::~Transaction() {
+  if (!open_) return;
+  // Best effort: if ROLLBACK itself fails the pool sees the connection still inside a
+  // transaction and discards it.
+  sqlite3_step(rollback_.handle.get());
+  sqlite3_reset(rollback_.handle.get());
+}
+
+void Transaction::commit() {
+  Query(conn_, commit_).run();
+  open_ = false;
+}
+
+}  // namespace idem::sqlite
