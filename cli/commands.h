@@ -1,0 +1,33 @@
+#pragma once
+
+// The subcommands of `idem`. Each cmd_<name>.cpp registers its options on the parent app
+// and returns what to do when that subcommand was chosen.
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace idem::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  // Runs the subcommand after parsing and returns the exit status. May throw; main turns
+  // the exception into a message and an exit status (report_error).
+  std::function<int()> run;
+};
+
+Command add_run_command(CLI::App& parent);
+Command add_show_command(CLI::App& parent);
+Command add_purge_command(CLI::App& parent);
+Command add_forget_command(CLI::App& parent);
+Command add_bench_command(CLI::App& parent);
+
+// The option every command takes to name its store (resolve_store_url explains the default).
+CLI::Option* add_store_option(CLI::App& app, std::string& url);
+// --scope, with the default "default".
+CLI::Option* add_scope_option(CLI::App& app, std::string& scope);
+
+// The name under which records are kept when --scope is not given.
+inline constexpr const char* kDefaultScope = "default";
+
+}  // namespace idem::cli

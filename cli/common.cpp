@@ -1,0 +1,273 @@
+#include "common.h"
+
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <limits>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "idem/error.h"
+#include "idem/open_store.h"
+
+namespace idem::cli {
+namespace {
+
+// Returns the value of environment variable `name` when it is set and not empty.
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+// Creates `dir` and its missing parents with mode 0700 (the records may hold command output
+// that only the user should read). Returns an error message, empty on success.
+std::string make_directories(const std::string& dir) {
+  std::string partial;
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    std::size_t next = dir.find('/', pos + 1);
+    partial = dir.substr(0, next);
+    pos = next;
+    if (partial.empty() || partial == "/") continue;
+    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
+      return fmt::format("cannot create directory {}: {}", partial, std::strerror(errno));
+    }
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return fmt::format("{} is not a directory", dir);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::optional<Duration> parse_duration(std::string_view text, std::string* why) {
+  auto fail = [why](std::string message) -> std::optional<Duration> {
+    if (why != nullptr) *why = std::move(message);
+    return std::nullopt;
+  };
+  if (text.empty()) return fail("empty duration");
+  // Sums such as "1h30m" are accepted; each term is digits followed by a unit.
+  std::int64_t total_ms = 0;
+  constexpr std::int64_t kLimitMs = std::numeric_limits<std::int64_t>::max() / 2;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    std::int64_t value = 0;
+    auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+    if (ec == std::errc::result_out_of_range) return fail("number too large");
+    if (ec != std::errc{} || value < 0) {
+      return fail("expected a number followed by a unit (ms, s, m, h, d)");
+    }
+    rest.remove_prefix(static_cast<std::size_t>(end - rest.data()));
+    std::size_t unit_len = 0;
+    while (unit_len < rest.size() && std::isalpha(static_cast<unsigned char>(rest[unit_len]))) {
+      ++unit_len;
+    }
+    std::string_view unit = rest.substr(0, unit_len);
+    rest.remove_prefix(unit_len);
+    std::int64_t scale = 0;
+    if (unit == "ms") {
+      scale = 1;
+    } else if (unit == "s") {
+      scale = 1000;
+    } else if (unit == "m") {
+      scale = 60'000;
+    } else if (unit == "h") {
+      scale = 3'600'000;
+    } else if (unit == "d") {
+      scale = 86'400'000;
+    } else if (unit.empty()) {
+      return fail("missing unit (use ms, s, m, h or d, e.g. 30s)");
+    } else {
+      return fail(fmt::format("unknown unit '{}' (use ms, s, m, h or d)", unit));
+    }
+    if (value > (kLimitMs - total_ms) / scale) return fail("duration too large");
+    total_ms += value * scale;
+  }
+  return Duration{total_ms};
+}
+
+Duration duration_option(std::string_view option, std::string_view text, bool allow_zero) {
+  std::string why;
+  std::optional<Duration> d = parse_duration(text, &why);
+  if (!d) {
+    throw UsageError(std::string(option),
+                     fmt::format("'{}' is not a duration: {}", printable(text), why));
+  }
+  // SPEC §6: a zero duration is invalid for leases and TTLs; --wait 0 means "do not wait".
+  if (!allow_zero && d->count() == 0) {
+    throw UsageError(std::string(option), "must be more than zero");
+  }
+  // SPEC §10: durations are at most 365 days.
+  if (*d > kMaxDuration) {
+    throw UsageError(std::string(option),
+                     fmt::format("'{}' is more than the limit of 365 days", printable(text)));
+  }
+  return *d;
+}
+
+std::optional<std::size_t> parse_size(std::string_view text) {
+  std::size_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end == text.data()) return std::nullopt;
+  std::string_view unit = text.substr(static_cast<std::size_t>(end - text.data()));
+  std::size_t scale = 1;
+  if (unit.empty()) {
+    scale = 1;
+  } else if (unit == "K" || unit == "KiB" || unit == "k") {
+    scale = 1024;
+  } else if (unit == "M" || unit == "MiB") {
+    scale = 1024 * 1024;
+  } else {
+    return std::nullopt;
+  }
+  if (value > std::numeric_limits<std::size_t>::max() / scale) return std::nullopt;
+  return value * scale;
+}
+
+std::string iso8601(Timestamp t) {
+  std::int64_t ms = t.time_since_epoch().count();
+  std::int64_t seconds = ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000);
+  auto millis = static_cast<int>(ms - seconds * 1000);
+  std::time_t tt = static_cast<std::time_t>(seconds);
+  std::tm tm{};
+  ::gmtime_r(&tt, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
+}
+
+std::string human_duration(Duration d) {
+  std::int64_t ms = d.count();
+  if (ms < 0) return "-" + human_duration(Duration{-ms});
+  if (ms < 1000) return fmt::format("{} ms", ms);
+  if (ms < 60'000) return fmt::format("{:.1f} s", static_cast<double>(ms) / 1000.0);
+  std::int64_t s = ms / 1000;
+  if (s < 3600) return fmt::format("{} min {} s", s / 60, s % 60);
+  if (s < 86'400) return fmt::format("{} h {} min", s / 3600, (s % 3600) / 60);
+  return fmt::format("{} d {} h", s / 86'400, (s % 86'400) / 3600);
+}
+
+std::string default_store_path() {
+  // XDG Base Directory: a relative XDG_STATE_HOME is invalid and must be ignored.
+  if (std::optional<std::string> state = env("XDG_STATE_HOME"); state && state->front() == '/') {
+    return *state + "/idem/idem.db";
+  }
+  std::optional<std::string> home = env("HOME");
+  if (!home) {
+    if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr) {
+      home = std::string(pw->pw_dir);
+    }
+  }
+  if (!home || home->empty()) {
+    throw UsageError("--store",
+                     "no store given and no home directory to keep the default store in "
+                     "(set --store, IDEM_STORE, XDG_STATE_HOME or HOME)");
+  }
+  return *home + "/.local/state/idem/idem.db";
+}
+
+std::string sqlite_url_for_path(std::string_view path) {
+  std::string out = "sqlite://";
+  for (char c : path) {
+    auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u >= 0x7f || c == '%' || c == '?' || c == '#') {
+      out += fmt::format("%{:02X}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string resolve_store_url(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (std::optional<std::string> from_env = env("IDEM_STORE")) return *from_env;
+  std::string path = default_store_path();
+  std::string url = sqlite_url_for_path(path);
+  std::string dir = path.substr(0, path.rfind('/'));
+  if (std::string error = make_directories(dir); !error.empty()) {
+    throw StoreUnavailable(url, error);
+  }
+  return url;
+}
+
+std::shared_ptr<Store> open_cli_store(const std::string& flag) {
+  return open_store(resolve_store_url(flag));
+}
+
+void print_error(std::string_view command, std::string_view message) {
+  std::string line = command.empty() ? fmt::format("idem: {}\n", message)
+                                     : fmt::format("idem {}: {}\n", command, message);
+  (void)write_all(STDERR_FILENO, line);
+}
+
+int report_error(std::string_view command, const std::exception& error) {
+  if (const auto* e = dynamic_cast<const UsageError*>(&error)) {
+    print_error(command, e->what());
+    return kExitUsage;
+  }
+  if (const auto* e = dynamic_cast<const CLI::ParseError*>(&error)) {
+    print_error(command, e->what());
+    return kExitUsage;
+  }
+  if (const auto* e = dynamic_cast<const PayloadTooLarge*>(&error)) {
+    print_error(command, e->what());
+    return kExitOutputTooLarge;
+  }
+  if (const auto* e = dynamic_cast<const Error*>(&error)) {
+    print_error(command, e->what());
+    switch (e->code()) {
+      case ErrorCode::kInvalidArgument:
+        return kExitUsage;
+      case ErrorCode::kInProgress:
+        return kExitInProgress;
+      case ErrorCode::kKeyReuse:
+        return kExitDataError;
+      case ErrorCode::kLeaseLost:
+        return kExitLeaseLost;
+      case ErrorCode::kStoreUnavailable:
+        return kExitStoreUnavailable;
+    }
+    return kExitInternal;
+  }
+  print_error(command, fmt::format("internal error: {}", error.what()));
+  return kExitInternal;
+}
+
+bool write_all(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f || c == '\\') {
+      out += c == '\\' ? std::string("\\\\") : fmt::format("\\x{:02x}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace idem::cli
