@@ -13,9 +13,9 @@ Connection::Connection(const std::string& path, std::string store, Duration busy
   sqlite3* raw = nullptr;
   // NOMUTEX: the pool gives a connection to one thread at a time. No SQLITE_OPEN_URI, so
   // the (absolute) path is always a plain file name.
-  const int rc = sqlite3_open_v2(path.c_str(), &raw,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                                 nullptr);
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &raw,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
   db_.reset(raw);  // sqlite3_open_v2 hands out a handle even on failure; it must be closed.
   if (raw == nullptr) throw StoreUnavailable(store_, "cannot open: out of memory");
   check(rc, "cannot open the database file");
@@ -88,9 +88,9 @@ void Query::check_bind(int rc) {
 Query& Query::bind(int index, std::string_view bytes) {
   // A null data pointer would bind NULL, so an empty value is a zero-length BLOB instead.
   // SQLITE_STATIC is safe: the Query clears its bindings before the caller's bytes go away.
-  check_bind(bytes.empty() ? sqlite3_bind_zeroblob(raw(), index, 0)
-                           : sqlite3_bind_blob64(raw(), index, bytes.data(), bytes.size(),
-                                                 SQLITE_STATIC));
+  check_bind(bytes.empty()
+                 ? sqlite3_bind_zeroblob(raw(), index, 0)
+                 : sqlite3_bind_blob64(raw(), index, bytes.data(), bytes.size(), SQLITE_STATIC));
   return *this;
 }
 

@@ -107,8 +107,7 @@ class Query {
 // ROLLBACK in the destructor unless commit() succeeded.
 class Transaction {
  public:
-  Transaction(const Connection& conn, Statement& begin, Statement& commit,
-              Statement& rollback);
+  Transaction(const Connection& conn, Statement& begin, Statement& commit, Statement& rollback);
   ~Transaction();
   Transaction(const Transaction&) = delete;
   Transaction& operator=(const Transaction&) = delete;

@@ -169,10 +169,10 @@ struct PooledConnection {
   };
 
   Header read_header() {
-    return Header{conn.query_int("PRAGMA application_id", "cannot read the database header"),
-                  conn.query_int("PRAGMA user_version", "cannot read the database header"),
-                  conn.query_int("SELECT count(*) FROM sqlite_schema",
-                                 "cannot read the database schema")};
+    return Header{
+        conn.query_int("PRAGMA application_id", "cannot read the database header"),
+        conn.query_int("PRAGMA user_version", "cannot read the database header"),
+        conn.query_int("SELECT count(*) FROM sqlite_schema", "cannot read the database schema")};
   }
 
   // Throws unless `h` is our schema at a version this build reads; returns false when the
@@ -192,11 +192,11 @@ struct PooledConnection {
       return true;
     }
     if (h.application_id != 0 || h.version != 0 || h.objects != 0) {
-      throw StoreUnavailable(
-          conn.store(), "not an idem database (it holds " + std::to_string(h.objects) +
-                            " other schema objects, application_id " +
-                            std::to_string(h.application_id) + ", user_version " +
-                            std::to_string(h.version) + "); refusing to use it");
+      throw StoreUnavailable(conn.store(),
+                             "not an idem database (it holds " + std::to_string(h.objects) +
+                                 " other schema objects, application_id " +
+                                 std::to_string(h.application_id) + ", user_version " +
+                                 std::to_string(h.version) + "); refusing to use it");
     }
     return false;
   }
@@ -212,12 +212,12 @@ struct PooledConnection {
     // Creating the schema needs no fsync per step; the connection's own setting follows.
     conn.exec("PRAGMA synchronous = NORMAL", "cannot set PRAGMA synchronous");
 
-    const std::string mode = conn.query_text("PRAGMA journal_mode = WAL",
-                                             "cannot switch to the WAL journal");
+    const std::string mode =
+        conn.query_text("PRAGMA journal_mode = WAL", "cannot switch to the WAL journal");
     if (mode != "wal") {
-      throw StoreUnavailable(conn.store(),
-                             "cannot switch to the WAL journal (the journal mode stayed '" +
-                                 mode + "')");
+      throw StoreUnavailable(
+          conn.store(),
+          "cannot switch to the WAL journal (the journal mode stayed '" + mode + "')");
     }
     if (ready) return;
 
@@ -297,14 +297,13 @@ struct SqliteStore::Impl {
     }
     if (busy_timeout < Duration::zero() || busy_timeout.count() > INT_MAX) {
       throw InvalidArgument("busy_timeout", "must be 0 to " + std::to_string(INT_MAX) +
-                                                " ms, got " +
-                                                std::to_string(busy_timeout.count()) + " ms");
+                                                " ms, got " + std::to_string(busy_timeout.count()) +
+                                                " ms");
     }
     std::error_code ec;
     std::filesystem::path abs = std::filesystem::absolute(options.path, ec);
     if (ec) {
-      throw StoreUnavailable("sqlite:" + options.path,
-                             "cannot resolve the path: " + ec.message());
+      throw StoreUnavailable("sqlite:" + options.path, "cannot resolve the path: " + ec.message());
     }
     path = abs.lexically_normal().string();
     describe = "sqlite://" + path;
@@ -364,9 +363,8 @@ SqliteStore::~SqliteStore() = default;
 
 std::string SqliteStore::describe() const { return impl_->describe; }
 
-AcquireResult SqliteStore::do_acquire(std::string_view scope, std::string_view key,
-                                      Duration lease, Duration ttl,
-                                      std::optional<std::string_view> fingerprint) {
+AcquireResult SqliteStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                                      Duration ttl, std::optional<std::string_view> fingerprint) {
   auto c = impl_->borrow();
   // A replay or a busy answer must not take the write lock: read first, in autocommit,
   // which in WAL never waits for a writer.
@@ -455,8 +453,7 @@ WriteResult SqliteStore::do_release(std::string_view scope, std::string_view key
   // One statement in autocommit is one write transaction; it takes the write lock before it
   // reads, exactly as BEGIN IMMEDIATE would.
   Query q(c->conn, c->release);
-  const int changed =
-      q.bind(1, scope).bind(2, key).bind(3, static_cast<std::int64_t>(token)).run();
+  const int changed = q.bind(1, scope).bind(2, key).bind(3, static_cast<std::int64_t>(token)).run();
   return changed > 0 ? WriteResult::kDone : WriteResult::kFenced;
 }
 
@@ -494,8 +491,8 @@ std::optional<Record> SqliteStore::do_get(std::string_view scope, std::string_vi
   Query q(c->conn, c->select_record);
   if (!q.bind(1, scope).bind(2, key).step()) return std::nullopt;
   Record r;
-  r.state = q.column_int(kColState) == kComplete ? RecordState::kComplete
-                                                 : RecordState::kInProgress;
+  r.state =
+      q.column_int(kColState) == kComplete ? RecordState::kComplete : RecordState::kInProgress;
   r.token = static_cast<Token>(q.column_int(kColToken));
   r.attempt = static_cast<std::uint32_t>(q.column_int(kColAttempt));
   r.acquired_at = q.column_time(kColAcquiredAt);
@@ -532,15 +529,19 @@ std::shared_ptr<Store> open_sqlite_store(const Url& url, const OpenOptions& opti
     if (name == "synchronous") {
       o.synchronous = lowercase(value);
       if (o.synchronous != "normal" && o.synchronous != "full") {
-        throw InvalidArgument("store URL", "parameter 'synchronous' must be 'normal' or "
-                                           "'full', got '" + value + "'");
+        throw InvalidArgument("store URL",
+                              "parameter 'synchronous' must be 'normal' or "
+                              "'full', got '" +
+                                  value + "'");
       }
     } else if (name == "busy_timeout") {
       int ms = -1;
       auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), ms);
       if (ec != std::errc{} || end != value.data() + value.size() || ms < 0) {
-        throw InvalidArgument("store URL", "parameter 'busy_timeout' must be a whole number "
-                                           "of milliseconds, got '" + value + "'");
+        throw InvalidArgument("store URL",
+                              "parameter 'busy_timeout' must be a whole number "
+                              "of milliseconds, got '" +
+                                  value + "'");
       }
       o.busy_timeout = Duration{ms};
     } else {

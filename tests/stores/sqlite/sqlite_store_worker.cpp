@@ -1,0 +1,126 @@
+// A worker process for the SQLite multi-process tests (sqlite_multiprocess_test.cpp). It
+// opens the store from a URL and runs keys through idem::Executor, reporting what it saw
+// one line per event, so the test can check the processes together.
+//
+//   race URL WORKER KEYS START_MS OUT_FILE
+//       Runs keys k0..k<KEYS-1> (starting at k<WORKER*7 % KEYS>, so workers overlap) after
+//       the wall clock reaches START_MS; writes "ran KEY PAYLOAD" or "replay KEY PAYLOAD"
+//       per key, or "error KEY MESSAGE", to OUT_FILE.
+//   hold URL KEY LEASE_MS
+//       Runs KEY with an action that prints "acquired TOKEN ATTEMPT" and then waits for a
+//       line on standard input before returning "old-owner"; then prints "completed",
+//       "lease-lost" or "error MESSAGE".
+//   run URL KEY PAYLOAD LEASE_MS MAX_WAIT_MS
+//       Runs KEY once, waiting up to MAX_WAIT_MS for a busy key; prints
+//       "ran stolen=S attempt=N token=T", "replay PAYLOAD" or "error MESSAGE".
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "idem/error.h"
+#include "idem/executor.h"
+#include "idem/open_store.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::string_view kScope = "mp";
+
+int race(const std::string& url, int worker, int keys, long long start_ms,
+         const std::string& out_file) {
+  idem::Executor exec(
+      idem::open_store(url),
+      idem::ExecutorOptions{
+          .lease = 10s,
+          .wait = idem::WaitPolicy{.max_wait = 30s, .initial_backoff = 2ms, .max_backoff = 50ms},
+          .on_heartbeat_error = nullptr});
+  // Start together, so the workers really overlap; bounded in case the start is far off.
+  const auto start = std::chrono::system_clock::time_point(std::chrono::milliseconds(start_ms));
+  const auto limit = std::chrono::system_clock::now() + 10s;
+  std::this_thread::sleep_until(std::min(start, limit));
+
+  std::ofstream out(out_file);
+  const std::string name = "worker" + std::to_string(worker);
+  for (int i = 0; i < keys; ++i) {
+    const std::string key = "k" + std::to_string((i + worker * 7) % keys);
+    try {
+      auto r = exec.run(kScope, key, [&](const idem::Attempt&) {
+        // Long enough that the other workers find the key busy and wait for it.
+        std::this_thread::sleep_for(3ms);
+        return name + ":" + key;
+      });
+      out << (r.replayed ? "replay " : "ran ") << key << " " << r.value << "\n";
+    } catch (const std::exception& e) {
+      out << "error " << key << " " << e.what() << "\n";
+    }
+  }
+  return out.good() ? 0 : 1;
+}
+
+int hold(const std::string& url, const std::string& key, int lease_ms) {
+  try {
+    idem::Executor exec(idem::open_store(url),
+                        idem::ExecutorOptions{.lease = std::chrono::milliseconds(lease_ms),
+                                              .on_heartbeat_error = nullptr});
+    auto r = exec.run(kScope, key, [](const idem::Attempt& a) {
+      std::cout << "acquired " << a.token() << " " << a.number() << std::endl;
+      std::string line;
+      std::getline(std::cin, line);
+      return std::string("old-owner");
+    });
+    std::cout << (r.replayed ? "replayed" : "completed") << std::endl;
+  } catch (const idem::LeaseLost&) {
+    std::cout << "lease-lost" << std::endl;
+  } catch (const std::exception& e) {
+    std::cout << "error " << e.what() << std::endl;
+  }
+  return 0;
+}
+
+int run_once(const std::string& url, const std::string& key, const std::string& payload,
+             int lease_ms, int max_wait_ms) {
+  try {
+    idem::Executor exec(
+        idem::open_store(url),
+        idem::ExecutorOptions{
+            .lease = std::chrono::milliseconds(lease_ms),
+            .wait = idem::WaitPolicy{.max_wait = std::chrono::milliseconds(max_wait_ms)},
+            .on_heartbeat_error = nullptr});
+    std::string seen;
+    auto r = exec.run(kScope, key, [&](const idem::Attempt& a) {
+      seen = "ran stolen=" + std::to_string(a.stolen() ? 1 : 0) +
+             " attempt=" + std::to_string(a.number()) + " token=" + std::to_string(a.token());
+      return payload;
+    });
+    std::cout << (r.replayed ? "replay " + r.value : seen) << std::endl;
+  } catch (const std::exception& e) {
+    std::cout << "error " << e.what() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "race" && argc == 7) {
+      return race(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoll(argv[5]), argv[6]);
+    }
+    if (mode == "hold" && argc == 5) return hold(argv[2], argv[3], std::stoi(argv[4]));
+    if (mode == "run" && argc == 7) {
+      return run_once(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "worker: " << e.what() << "\n";
+    return 2;
+  }
+  std::cerr << "usage: see the comment at the top of sqlite_store_worker.cpp\n";
+  return 2;
+}
