@@ -1,0 +1,73 @@
+#pragma once
+
+// Runs the built `idem` binary the way a user's shell would, with its standard output and
+// standard error captured, for the end-to-end tests of the tool.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace idem::cli::test {
+
+struct ProcessResult {
+  // The exit code, or 128 + the signal that ended the process (a shell's $?).
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+// Environment changes for a process: a value sets the variable, nullopt removes it.
+using EnvChanges = std::map<std::string, std::optional<std::string>>;
+
+// A process started in the background; its output is collected when it is finished.
+class Process {
+ public:
+  Process(const std::vector<std::string>& argv, const EnvChanges& env);
+  ~Process();
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  void kill(int sig) const;
+  // Reads the output until the process ends and returns everything. If it has not ended
+  // within `bound` it is killed with SIGKILL and the status reports that (a test then
+  // fails on the status rather than hanging).
+  ProcessResult finish(std::chrono::seconds bound = std::chrono::seconds(60));
+  // Whether the process has ended (reaps it when it has).
+  bool exited();
+
+ private:
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  std::optional<int> wait_status_;
+};
+
+// Runs the process to its end (bounded as Process::finish).
+ProcessResult run_process(const std::vector<std::string>& argv, const EnvChanges& env);
+
+// Polls `condition` every 10 ms until it holds or `bound` passes; returns whether it held.
+template <typename F>
+bool eventually(F condition, std::chrono::seconds bound = std::chrono::seconds(30));
+
+}  // namespace idem::cli::test
+
+#include <thread>
+
+namespace idem::cli::test {
+
+template <typename F>
+bool eventually(F condition, std::chrono::seconds bound) {
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace idem::cli::test
