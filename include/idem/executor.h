@@ -56,18 +56,18 @@ struct ExecutorOptions {
   std::size_t max_payload = kDefaultMaxPayloadBytes;
   // Called from the heartbeat thread when an extend fails with an error (the lease is
   // kept until the local view of its deadline passes). Must not throw. Null: ignored.
-  std::function<void(const std::exception&)> on_heartbeat_error;
+  std::function<void(const std::exception&)> on_heartbeat_error{};
 };
 
 // Per-call overrides of ExecutorOptions; unset fields take the executor's values.
 struct CallOptions {
-  std::optional<Duration> lease;
-  std::optional<Duration> heartbeat;
-  std::optional<Duration> ttl;
-  std::optional<WaitPolicy> wait;
+  std::optional<Duration> lease{};
+  std::optional<Duration> heartbeat{};
+  std::optional<Duration> ttl{};
+  std::optional<WaitPolicy> wait{};
   // A digest of the request. When both the stored record and the call carry one and they
   // differ, run throws KeyReuse instead of replaying or waiting.
-  std::optional<std::string> fingerprint;
+  std::optional<std::string> fingerprint{};
 };
 
 // What the action sees of its lease.
@@ -119,8 +119,8 @@ class Executor {
     static_assert(std::is_invocable_r_v<T, F&, const Attempt&>,
                   "the action must be callable as T(const idem::Attempt&)");
     BytesResult r = run_bytes(
-        scope, key,
-        [&action](const Attempt& attempt) { return Codec<T>::encode(action(attempt)); }, call);
+        scope, key, [&action](const Attempt& attempt) { return Codec<T>::encode(action(attempt)); },
+        call);
     return Result<T>{Codec<T>::decode(r.value), r.replayed};
   }
 
@@ -143,6 +143,9 @@ class Executor {
 
   // How many leases the heartbeat currently keeps alive (for tests and metrics).
   std::size_t active_leases() const;
+  // How many duplicates are waiting in memory on a call of this executor that holds their
+  // key (for tests and metrics).
+  std::size_t waiting_duplicates() const;
 
  private:
   class Impl;

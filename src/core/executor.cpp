@@ -1,0 +1,425 @@
+#include "idem/executor.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+
+#include "core/heartbeat.h"
+
+namespace idem {
+namespace {
+
+using detail::HeartbeatLease;
+using detail::SteadyClock;
+
+// A completed complete() call that failed with a store error is retried after this pause,
+// doubling up to the cap, while the local view of the lease is still valid (SPEC §4: a
+// complete repeated with the same token is idempotent).
+constexpr Duration kCompleteFirstRetry{5};
+constexpr Duration kCompleteMaxRetry{250};
+
+// Independently locked parts of the in-process owner table, so callers working on
+// different keys rarely meet on one lock.
+constexpr std::size_t kOwnerShards = 64;
+
+// (scope, key) as views; the table's keys point into the owner's own copy.
+struct IdView {
+  std::string_view scope;
+  std::string_view key;
+  bool operator==(const IdView&) const = default;
+};
+
+struct IdHash {
+  std::size_t operator()(const IdView& id) const noexcept {
+    const std::size_t a = std::hash<std::string_view>{}(id.scope);
+    const std::size_t b = std::hash<std::string_view>{}(id.key);
+    return a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+  }
+};
+
+enum class OwnerState {
+  kRunning,    // the action is running
+  kCompleted,  // the result is recorded in the store
+  kGone,       // released, fenced or failed: waiters go back to the store
+};
+
+// A call of this executor that holds the lease on a key. In-process duplicates find it in
+// the owner table and wait on it in memory instead of polling the store (SPEC §7).
+struct InFlight {
+  InFlight(std::string_view scope, std::string_view key, const Acquired& acquired, Duration lease,
+           Duration interval, SteadyClock::time_point local_deadline,
+           const std::optional<std::string>& fp)
+      : hb(scope, key, acquired.lease.token, lease, interval, local_deadline,
+           acquired.lease.lease_expires_at),
+        fingerprint(fp) {}
+
+  // The heartbeat's view of the lease; it also owns the copy of (scope, key).
+  HeartbeatLease hb;
+  // The fingerprint the owner stored with the record.
+  const std::optional<std::string> fingerprint;
+  // Duplicates that found this owner in the table and may still read its outcome.
+  std::atomic<int> waiters{0};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  OwnerState state = OwnerState::kRunning;  // guarded by mu
+  bool has_payload = false;                 // guarded by mu
+  std::string payload;                      // guarded by mu
+
+  IdView id() const { return IdView{hb.scope(), hb.key()}; }
+};
+
+struct alignas(64) OwnerShard {
+  std::mutex mu;
+  // Lets a lookup skip the lock when the shard holds nobody, the common case.
+  std::atomic<std::size_t> count{0};
+  std::unordered_map<IdView, std::shared_ptr<InFlight>, IdHash> owners;
+};
+
+// The options of one call: the executor's, overridden by the call's, validated.
+struct Call {
+  Duration lease;
+  Duration interval;
+  Duration ttl;
+  WaitPolicy wait;
+  const std::optional<std::string>& fingerprint;
+};
+
+Duration resolve_interval(Duration heartbeat, Duration lease) {
+  if (heartbeat < Duration::zero()) {
+    throw InvalidArgument("heartbeat",
+                          "must not be negative, got " + std::to_string(heartbeat.count()) + " ms");
+  }
+  // SPEC §6: by default the heartbeat extends every lease / 3.
+  if (heartbeat == Duration::zero()) return std::max(lease / 3, Duration{1});
+  if (heartbeat >= lease) {
+    throw InvalidArgument("heartbeat", "must be shorter than the lease (" +
+                                           std::to_string(lease.count()) + " ms), got " +
+                                           std::to_string(heartbeat.count()) + " ms");
+  }
+  return heartbeat;
+}
+
+void validate_wait(const WaitPolicy& wait) {
+  if (wait.max_wait < Duration::zero() || wait.max_wait > kMaxDuration) {
+    throw InvalidArgument(
+        "max_wait", "must be 0 to 365 days, got " + std::to_string(wait.max_wait.count()) + " ms");
+  }
+  validate_duration("initial_backoff", wait.initial_backoff);
+  validate_duration("max_backoff", wait.max_backoff);
+  if (wait.max_backoff < wait.initial_backoff) {
+    throw InvalidArgument("max_backoff", "must be at least initial_backoff (" +
+                                             std::to_string(wait.initial_backoff.count()) +
+                                             " ms), got " +
+                                             std::to_string(wait.max_backoff.count()) + " ms");
+  }
+}
+
+void validate_options(const ExecutorOptions& o) {
+  validate_duration("lease", o.lease);
+  validate_duration("ttl", o.ttl);
+  resolve_interval(o.heartbeat, o.lease);
+  validate_wait(o.wait);
+  if (o.max_payload > kMaxPayloadBytes) {
+    throw InvalidArgument("max_payload", "must be at most " + std::to_string(kMaxPayloadBytes) +
+                                             " bytes, got " + std::to_string(o.max_payload));
+  }
+}
+
+// SPEC §5: a stored fingerprint and the call's that differ mean the key was reused.
+void check_fingerprint(const std::optional<std::string>& stored,
+                       const std::optional<std::string>& requested) {
+  if (stored && requested && *stored != *requested) throw KeyReuse(*stored, *requested);
+}
+
+// The pause before the next poll: half the backoff plus up to half again at random, so
+// waiters that started together spread out.
+SteadyClock::duration jittered(Duration backoff) {
+  thread_local std::minstd_rand rng(static_cast<std::uint32_t>(
+      std::hash<std::thread::id>{}(std::this_thread::get_id()) ^
+      static_cast<std::size_t>(SteadyClock::now().time_since_epoch().count())));
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(backoff).count();
+  const auto half = us / 2;
+  std::uniform_int_distribution<long long> extra(0, us - half);
+  return std::chrono::microseconds(half + extra(rng));
+}
+
+InProgress in_progress_of(const InFlight& owner, SteadyClock::time_point now) {
+  const auto left = std::max(owner.hb.local_deadline() - now, SteadyClock::duration::zero());
+  return InProgress(owner.hb.lease_expires_at(), std::chrono::ceil<Duration>(left));
+}
+
+}  // namespace
+
+class Executor::Impl {
+ public:
+  Impl(std::shared_ptr<Store> store, ExecutorOptions options)
+      : store_(std::move(store)),
+        options_(std::move(options)),
+        heartbeat_(*store_, options_.on_heartbeat_error),
+        shards_(std::make_unique<OwnerShard[]>(kOwnerShards)) {}
+
+  Store& store() const noexcept { return *store_; }
+  const ExecutorOptions& options() const noexcept { return options_; }
+  std::size_t active_leases() const noexcept { return heartbeat_.active(); }
+  std::size_t waiting_duplicates() const noexcept {
+    return waiting_.load(std::memory_order_relaxed);
+  }
+
+  BytesResult run(std::string_view scope, std::string_view key, const BytesAction& action,
+                  const CallOptions& call_options) {
+    // SPEC §10: every input is checked before anything reaches the store.
+    validate_scope(scope);
+    validate_key(key);
+    const Call call = resolve(call_options);
+    const auto started = SteadyClock::now();
+    const auto wait_deadline = started + call.wait.max_wait;
+    const std::optional<std::string_view> fingerprint =
+        call.fingerprint ? std::optional<std::string_view>(*call.fingerprint) : std::nullopt;
+    const IdView id{scope, key};
+    const std::size_t hash = IdHash{}(id);
+    Duration backoff = call.wait.initial_backoff;
+
+    for (;;) {
+      // SPEC §7: a duplicate of a call in this process waits on it in memory.
+      if (auto owner = find_owner(id, hash)) {
+        if (auto r = follow(*owner, call, wait_deadline)) return std::move(*r);
+        continue;
+      }
+      const auto sent = SteadyClock::now();
+      AcquireResult acquired =
+          guarded([&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); });
+      if (auto* replay = std::get_if<Replay>(&acquired)) {
+        check_fingerprint(replay->fingerprint, call.fingerprint);
+        return BytesResult{std::move(replay->payload), true};
+      }
+      if (auto* a = std::get_if<Acquired>(&acquired)) {
+        return own(id, hash, *a, sent, call, action);
+      }
+      const Busy& busy = std::get<Busy>(acquired);
+      check_fingerprint(busy.fingerprint, call.fingerprint);
+      // The owner may be a call of this process that registered after our lookup.
+      if (auto owner = find_owner(id, hash)) {
+        if (auto r = follow(*owner, call, wait_deadline)) return std::move(*r);
+        continue;
+      }
+      const auto now = SteadyClock::now();
+      if (now >= wait_deadline) throw InProgress(busy.lease_expires_at, busy.lease_remaining);
+      // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
+      // time left) nor past the waiting bound.
+      const auto pause = std::min(
+          {jittered(backoff), SteadyClock::duration(busy.lease_remaining), wait_deadline - now});
+      std::this_thread::sleep_for(pause);
+      backoff = std::min(backoff * 2, call.wait.max_backoff);
+    }
+  }
+
+ private:
+  Call resolve(const CallOptions& c) const {
+    const Duration lease = c.lease.value_or(options_.lease);
+    validate_duration("lease", lease);
+    const Duration ttl = c.ttl.value_or(options_.ttl);
+    validate_duration("ttl", ttl);
+    const Duration interval = resolve_interval(c.heartbeat.value_or(options_.heartbeat), lease);
+    const WaitPolicy& wait = c.wait ? *c.wait : options_.wait;
+    if (c.wait) validate_wait(wait);
+    return Call{lease, interval, ttl, wait, c.fingerprint};
+  }
+
+  // Runs a store call, turning an exception that is not one of ours (a misbehaving store)
+  // into StoreUnavailable so the caller sees one family of errors.
+  template <typename F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw StoreUnavailable(store_->describe(), e.what());
+    }
+  }
+
+  OwnerShard& shard(std::size_t hash) const {
+    return shards_[(hash ^ (hash >> 32)) & (kOwnerShards - 1)];
+  }
+
+  // The in-process owner of the key, counted as a waiter so it publishes its outcome.
+  std::shared_ptr<InFlight> find_owner(const IdView& id, std::size_t hash) const {
+    OwnerShard& s = shard(hash);
+    if (s.count.load(std::memory_order_acquire) == 0) return nullptr;
+    std::lock_guard lock(s.mu);
+    auto it = s.owners.find(id);
+    if (it == s.owners.end()) return nullptr;
+    it->second->waiters.fetch_add(1, std::memory_order_relaxed);
+    return it->second;
+  }
+
+  void register_owner(const std::shared_ptr<InFlight>& owner, std::size_t hash) const {
+    OwnerShard& s = shard(hash);
+    std::lock_guard lock(s.mu);
+    // An earlier owner that released a moment ago may still be listed; the table's key
+    // points into that owner's memory, so the entry is replaced whole.
+    if (s.owners.erase(owner->id()) == 0) s.count.fetch_add(1, std::memory_order_release);
+    s.owners.emplace(owner->id(), owner);
+  }
+
+  // Takes the owner off the table and hands its outcome to the duplicates waiting on it.
+  void finish(InFlight& owner, std::size_t hash, OwnerState state,
+              const std::string* payload) const {
+    {
+      OwnerShard& s = shard(hash);
+      std::lock_guard lock(s.mu);
+      auto it = s.owners.find(owner.id());
+      if (it != s.owners.end() && it->second.get() == &owner) {
+        s.owners.erase(it);
+        s.count.fetch_sub(1, std::memory_order_release);
+      }
+    }
+    // Nobody can find the owner any more; every duplicate that did is counted.
+    if (owner.waiters.load(std::memory_order_relaxed) == 0) return;
+    {
+      std::lock_guard lock(owner.mu);
+      owner.state = state;
+      if (payload) {
+        owner.payload = *payload;
+        owner.has_payload = true;
+      }
+    }
+    owner.cv.notify_all();
+  }
+
+  // Waits in memory on an in-process owner. Returns its result, or nullopt when the owner
+  // gave the key up and the caller should go back to the store.
+  std::optional<BytesResult> follow(InFlight& owner, const Call& call,
+                                    SteadyClock::time_point wait_deadline) const {
+    struct Leave {
+      InFlight& owner;
+      ~Leave() { owner.waiters.fetch_sub(1, std::memory_order_relaxed); }
+    } leave{owner};
+    // SPEC §5: key reuse is detected against the in-process owner's fingerprint too.
+    check_fingerprint(owner.fingerprint, call.fingerprint);
+    std::unique_lock lock(owner.mu);
+    for (;;) {
+      if (owner.state == OwnerState::kCompleted && owner.has_payload) {
+        return BytesResult{owner.payload, true};
+      }
+      if (owner.state != OwnerState::kRunning) return std::nullopt;
+      const auto now = SteadyClock::now();
+      if (now >= wait_deadline) throw in_progress_of(owner, now);
+      waiting_.fetch_add(1, std::memory_order_relaxed);
+      owner.cv.wait_until(lock, wait_deadline);
+      waiting_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+
+  // Best effort (SPEC §5): if the store is down the lease simply expires and the next
+  // caller steals it.
+  void release_quietly(const InFlight& owner) noexcept {
+    try {
+      (void)store_->release(owner.hb.scope(), owner.hb.key(), owner.hb.token());
+    } catch (...) {
+    }
+  }
+
+  WriteResult complete(InFlight& owner, const std::string& bytes, Duration ttl) {
+    Duration pause = kCompleteFirstRetry;
+    for (;;) {
+      try {
+        return guarded([&] {
+          return store_->complete(owner.hb.scope(), owner.hb.key(), owner.hb.token(), bytes, ttl);
+        });
+      } catch (const StoreUnavailable&) {
+        // SPEC §4: a complete repeated with the same token changes nothing if the first
+        // one did land, so it is safe to retry while the lease is ours by our own clock.
+        if (SteadyClock::now() + pause >= owner.hb.local_deadline()) throw;
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, kCompleteMaxRetry);
+      }
+    }
+  }
+
+  BytesResult own(const IdView& id, std::size_t hash, const Acquired& acquired,
+                  SteadyClock::time_point sent, const Call& call, const BytesAction& action) {
+    // SPEC §6: the local deadline is the send time plus the time left by the store's clock.
+    const auto local_deadline =
+        sent + std::chrono::duration_cast<SteadyClock::duration>(acquired.lease.lease_remaining);
+    auto owner = std::make_shared<InFlight>(id.scope, id.key, acquired, call.lease, call.interval,
+                                            local_deadline, call.fingerprint);
+    std::string bytes;
+    bool beating = false;
+    try {
+      register_owner(owner, hash);
+      beating = true;
+      heartbeat_.add(std::shared_ptr<HeartbeatLease>(owner, &owner->hb));
+      const Attempt attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen,
+                            owner->hb.stop_token());
+      bytes = action(attempt);
+    } catch (...) {
+      // SPEC §5: stop the heartbeat, release, rethrow the caller's exception unchanged.
+      if (beating) heartbeat_.remove(owner->hb);
+      release_quietly(*owner);
+      finish(*owner, hash, OwnerState::kGone, nullptr);
+      throw;
+    }
+    heartbeat_.remove(owner->hb);
+    if (bytes.size() > options_.max_payload) {
+      // SPEC §10: refuse before the result is lost, and leave the key clean for a retry.
+      release_quietly(*owner);
+      finish(*owner, hash, OwnerState::kGone, nullptr);
+      throw PayloadTooLarge(bytes.size(), options_.max_payload);
+    }
+    WriteResult written;
+    try {
+      written = complete(*owner, bytes, call.ttl);
+    } catch (...) {
+      finish(*owner, hash, OwnerState::kGone, nullptr);
+      throw;
+    }
+    if (written == WriteResult::kFenced) {
+      finish(*owner, hash, OwnerState::kGone, nullptr);
+      throw LeaseLost(owner->hb.token(),
+                      "the result was not recorded because another caller now owns the key");
+    }
+    finish(*owner, hash, OwnerState::kCompleted, &bytes);
+    return BytesResult{std::move(bytes), false};
+  }
+
+  std::shared_ptr<Store> store_;
+  ExecutorOptions options_;
+  // Declared after store_ so that it stops before the store can go away.
+  detail::Heartbeat heartbeat_;
+  std::unique_ptr<OwnerShard[]> shards_;
+  mutable std::atomic<std::size_t> waiting_{0};
+};
+
+Executor::Executor(std::shared_ptr<Store> store, ExecutorOptions options) {
+  if (!store) throw InvalidArgument("store", "must not be null");
+  validate_options(options);
+  impl_ = std::make_unique<Impl>(std::move(store), std::move(options));
+}
+
+Executor::~Executor() = default;
+
+Executor::BytesResult Executor::run_bytes(std::string_view scope, std::string_view key,
+                                          const BytesAction& action, const CallOptions& call) {
+  return impl_->run(scope, key, action, call);
+}
+
+Store& Executor::store() const noexcept { return impl_->store(); }
+
+const ExecutorOptions& Executor::options() const noexcept { return impl_->options(); }
+
+std::size_t Executor::active_leases() const { return impl_->active_leases(); }
+
+std::size_t Executor::waiting_duplicates() const { return impl_->waiting_duplicates(); }
+
+}  // namespace idem

@@ -1,0 +1,940 @@
+// The executor (SPEC §5, §7): replays, waiting, the heartbeat as the action sees it, lost
+// leases, errors and validation. Time-dependent cases use a ManualClock; the few that need
+// the heartbeat to run for real use short leases on the system clock and wait for events
+// with generous bounds, never asserting how long something took.
+
+#include "idem/executor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/clock.h"
+#include "idem/stores/memory_store.h"
+#include "support/fault_store.h"
+#include "support/matchers.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using idem::Attempt;
+using idem::CallOptions;
+using idem::Duration;
+using idem::ErrorCode;
+using idem::Executor;
+using idem::ExecutorOptions;
+using idem::WaitPolicy;
+using idem::testing::FaultStore;
+using idem::testing::IsAcquired;
+using idem::testing::IsBusy;
+using idem::testing::Op;
+using idem::testing::ThrowsIdem;
+
+// Generous bound for waiting on an event that should happen within milliseconds; only a
+// broken implementation reaches it.
+constexpr auto kEventually = 20s;
+
+// Polls `done` until it holds or kEventually passes; returns whether it held.
+bool eventually(const std::function<bool()>& done) {
+  const auto give_up = std::chrono::steady_clock::now() + kEventually;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// A one-shot signal between threads.
+class Gate {
+ public:
+  void open() {
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait() {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, kEventually, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Waits (boundedly) for the lease to be lost, as a cooperative action would.
+bool wait_for_lost(const Attempt& attempt) {
+  return eventually([&] { return attempt.lease_lost(); });
+}
+
+std::size_t thread_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+// The default: a store on a clock that moves only when told to.
+class ExecutorTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<idem::ManualClock> clock_ = std::make_shared<idem::ManualClock>();
+  std::shared_ptr<idem::MemoryStore> memory_ =
+      std::make_shared<idem::MemoryStore>(idem::MemoryStoreOptions{.clock = clock_});
+  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
+};
+
+// A store on the system clock, for the heartbeat to run against for real.
+class ExecutorRealTimeTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<idem::MemoryStore> memory_ = std::make_shared<idem::MemoryStore>();
+  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
+};
+
+// --- results and replays --------------------------------------------------------------
+
+TEST_F(ExecutorTest, RunsTheActionAndRecordsItsResult) {
+  Executor exec(store_);
+  int runs = 0;
+  auto r = exec.run("s", "k", [&](const Attempt&) {
+    ++runs;
+    return std::string("result");
+  });
+  EXPECT_EQ(r.value, "result");
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(runs, 1);
+  auto record = memory_->get("s", "k");
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->state, idem::RecordState::kComplete);
+  EXPECT_EQ(record->payload, "result");
+}
+
+TEST_F(ExecutorTest, DuplicateReplaysTheStoredResultWithoutRunning) {
+  Executor exec(store_);
+  int runs = 0;
+  auto action = [&](const Attempt&) { return "run " + std::to_string(++runs); };
+  auto first = exec.run("s", "k", action);
+  auto second = exec.run("s", "k", action);
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(first.replayed);
+  EXPECT_TRUE(second.replayed);
+  EXPECT_EQ(second.value, "run 1");
+}
+
+TEST_F(ExecutorTest, DifferentScopesAreDifferentRecords) {
+  Executor exec(store_);
+  auto a = exec.run("a:b", "c", [](const Attempt&) { return std::string("1"); });
+  auto b = exec.run("a", "b:c", [](const Attempt&) { return std::string("2"); });
+  EXPECT_FALSE(a.replayed);
+  EXPECT_FALSE(b.replayed);
+  EXPECT_EQ(b.value, "2");
+}
+
+TEST_F(ExecutorTest, ExpiredResultIsNotReplayed) {
+  Executor exec(store_, ExecutorOptions{.ttl = 1h});
+  (void)exec.run("s", "k", [](const Attempt&) { return std::string("old"); });
+  // SPEC §8: a completed record past its TTL is treated as absent.
+  clock_->advance(1h + 1ms);
+  auto r = exec.run("s", "k", [](const Attempt&) { return std::string("new"); });
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "new");
+}
+
+TEST_F(ExecutorTest, ActionSeesItsLease) {
+  Executor exec(store_);
+  idem::Token seen = 0;
+  (void)exec.run("s", "k", [&](const Attempt& a) {
+    seen = a.token();
+    EXPECT_EQ(a.number(), 1u);
+    EXPECT_FALSE(a.stolen());
+    EXPECT_FALSE(a.lease_lost());
+    EXPECT_EQ(exec.active_leases(), 1u);
+    return std::string();
+  });
+  EXPECT_EQ(memory_->get("s", "k")->token, seen);
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+TEST_F(ExecutorTest, BinaryKeysAndPayloadsRoundTrip) {
+  Executor exec(store_);
+  const std::string key("k\0ey", 4);
+  const std::string payload("\0\1\2\xff", 4);
+  (void)exec.run("s", key, [&](const Attempt&) { return payload; });
+  auto r = exec.run("s", key, [](const Attempt&) { return std::string("other"); });
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, payload);
+}
+
+// --- codecs -----------------------------------------------------------------------------
+
+struct Invoice {
+  int id = 0;
+  std::string memo;
+};
+
+}  // namespace
+
+template <>
+struct idem::Codec<Invoice> {
+  static std::string encode(const Invoice& v) { return std::to_string(v.id) + "|" + v.memo; }
+  static Invoice decode(std::string_view bytes) {
+    const auto bar = bytes.find('|');
+    return Invoice{std::stoi(std::string(bytes.substr(0, bar))),
+                   std::string(bytes.substr(bar + 1))};
+  }
+};
+
+namespace {
+
+TEST_F(ExecutorTest, TypedRunUsesTheUserCodec) {
+  Executor exec(store_);
+  auto first = exec.run<Invoice>("s", "k", [](const Attempt&) { return Invoice{42, "paid"}; });
+  auto second = exec.run<Invoice>("s", "k", [](const Attempt&) { return Invoice{0, "again"}; });
+  EXPECT_EQ(memory_->get("s", "k")->payload, "42|paid");
+  EXPECT_FALSE(first.replayed);
+  EXPECT_TRUE(second.replayed);
+  EXPECT_EQ(second.value.id, 42);
+  EXPECT_EQ(second.value.memo, "paid");
+}
+
+TEST_F(ExecutorTest, ByteVectorCodecRoundTrips) {
+  Executor exec(store_);
+  const std::vector<std::byte> bytes{std::byte{0}, std::byte{0x7f}, std::byte{0xff}};
+  (void)exec.run<std::vector<std::byte>>("s", "k", [&](const Attempt&) { return bytes; });
+  auto r = exec.run<std::vector<std::byte>>(
+      "s", "k", [](const Attempt&) { return std::vector<std::byte>{}; });
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, bytes);
+}
+
+// --- the action throws ------------------------------------------------------------------
+
+struct PaymentDeclined : std::runtime_error {
+  explicit PaymentDeclined(int c) : std::runtime_error("declined"), code(c) {}
+  int code;
+};
+
+TEST_F(ExecutorTest, ThrowingActionReleasesAndRethrowsTheSameObject) {
+  Executor exec(store_);
+  // The address of the exception object the action throws, to check it is not copied.
+  const std::exception_ptr thrown = std::make_exception_ptr(PaymentDeclined(7));
+  const void* original = nullptr;
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const PaymentDeclined& e) {
+    original = &e;
+  }
+  try {
+    (void)exec.run("s", "k",
+                   [&](const Attempt&) -> std::string { std::rethrow_exception(thrown); });
+    FAIL() << "run did not throw";
+  } catch (const PaymentDeclined& e) {
+    EXPECT_EQ(&e, original);
+    EXPECT_EQ(e.code, 7);
+  }
+  // SPEC §4: a released key looks never used: attempt 1, not stolen.
+  EXPECT_FALSE(memory_->get("s", "k").has_value());
+  auto next = memory_->acquire("s", "k", 1s, 1h);
+  ASSERT_THAT(next, IsAcquired());
+  EXPECT_EQ(std::get<idem::Acquired>(next).lease.attempt, 1u);
+  EXPECT_FALSE(std::get<idem::Acquired>(next).stolen);
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+TEST_F(ExecutorTest, ThrowingActionKeepsItsTypeWhenNotAStdException) {
+  Executor exec(store_);
+  EXPECT_THROW((void)exec.run("s", "k", [](const Attempt&) -> std::string { throw 42; }), int);
+  EXPECT_FALSE(memory_->get("s", "k").has_value());
+}
+
+TEST_F(ExecutorTest, ReleaseFailureStillRethrowsTheActionsException) {
+  Executor exec(store_, ExecutorOptions{.lease = 10s});
+  store_->fail_next(Op::kRelease);
+  EXPECT_THROW(
+      (void)exec.run("s", "k", [](const Attempt&) -> std::string { throw PaymentDeclined(1); }),
+      PaymentDeclined);
+  // The release was lost, so the lease simply expires and the next caller steals it.
+  EXPECT_EQ(memory_->get("s", "k")->state, idem::RecordState::kInProgress);
+  clock_->advance(10s);
+  auto r = exec.run("s", "k", [](const Attempt& a) {
+    EXPECT_TRUE(a.stolen());
+    EXPECT_EQ(a.number(), 2u);
+    return std::string("second");
+  });
+  EXPECT_EQ(r.value, "second");
+}
+
+// --- store errors -----------------------------------------------------------------------
+
+TEST_F(ExecutorTest, StoreErrorAtAcquireNeverRunsTheAction) {
+  Executor exec(store_);
+  store_->fail_next(Op::kAcquire);
+  bool ran = false;
+  EXPECT_THAT(
+      [&] {
+        (void)exec.run("s", "k", [&](const Attempt&) {
+          ran = true;
+          return std::string();
+        });
+      },
+      ThrowsIdem(ErrorCode::kStoreUnavailable));
+  EXPECT_FALSE(ran);
+  EXPECT_FALSE(memory_->get("s", "k").has_value());
+}
+
+TEST_F(ExecutorTest, CompleteIsRetriedAfterATransientStoreError) {
+  Executor exec(store_);
+  store_->fail_next(Op::kComplete);
+  auto r = exec.run("s", "k", [](const Attempt&) { return std::string("v"); });
+  EXPECT_EQ(r.value, "v");
+  EXPECT_EQ(store_->calls(Op::kComplete), 2u);
+  EXPECT_EQ(memory_->get("s", "k")->payload, "v");
+}
+
+TEST_F(ExecutorTest, CompleteThatKeepsFailingGivesStoreUnavailable) {
+  // The lease is 200 ms by our own clock; retries stop once it has passed.
+  Executor exec(store_, ExecutorOptions{.lease = 200ms});
+  store_->fail_always(Op::kComplete);
+  EXPECT_THAT([&] { (void)exec.run("s", "k", [](const Attempt&) { return std::string("v"); }); },
+              ThrowsIdem(ErrorCode::kStoreUnavailable));
+  EXPECT_GE(store_->calls(Op::kComplete), 2u);
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// --- limits and validation --------------------------------------------------------------
+
+TEST_F(ExecutorTest, OversizePayloadIsRefusedWithItsSizeAndTheRecordReleased) {
+  Executor exec(store_, ExecutorOptions{.max_payload = 10});
+  try {
+    (void)exec.run("s", "k", [](const Attempt&) { return std::string(11, 'x'); });
+    FAIL() << "run did not throw";
+  } catch (const idem::PayloadTooLarge& e) {
+    EXPECT_EQ(e.size(), 11u);
+    EXPECT_EQ(e.limit(), 10u);
+    EXPECT_EQ(e.argument(), "payload");
+  }
+  EXPECT_FALSE(memory_->get("s", "k").has_value());
+  EXPECT_EQ(store_->calls(Op::kComplete), 0u);
+  // Exactly at the limit is fine.
+  auto r = exec.run("s", "k", [](const Attempt&) { return std::string(10, 'x'); });
+  EXPECT_EQ(r.value.size(), 10u);
+}
+
+struct BadCall {
+  std::string name;
+  std::string scope;
+  std::string key;
+  CallOptions call;
+  std::string argument;  // what the error must name
+};
+
+TEST_F(ExecutorTest, BadInputsAreRefusedBeforeAnyStoreCall) {
+  Executor exec(store_);
+  const std::vector<BadCall> cases = {
+      {"empty key", "s", "", {}, "key"},
+      {"long key", "s", std::string(idem::kMaxKeyBytes + 1, 'k'), {}, "key"},
+      {"empty scope", "", "k", {}, "scope"},
+      {"long scope", std::string(idem::kMaxScopeBytes + 1, 's'), "k", {}, "scope"},
+      {"zero lease", "s", "k", CallOptions{.lease = 0ms}, "lease"},
+      {"negative ttl", "s", "k", CallOptions{.ttl = -1ms}, "ttl"},
+      {"ttl over a year", "s", "k", CallOptions{.ttl = idem::kMaxDuration + 1ms}, "ttl"},
+      {"lease over a year", "s", "k", CallOptions{.lease = idem::kMaxDuration + 1ms}, "lease"},
+      {"heartbeat not shorter than the lease", "s", "k", CallOptions{.lease = 1s, .heartbeat = 1s},
+       "heartbeat"},
+      {"negative heartbeat", "s", "k", CallOptions{.heartbeat = -5ms}, "heartbeat"},
+      {"negative max_wait", "s", "k", CallOptions{.wait = WaitPolicy{.max_wait = -1ms}},
+       "max_wait"},
+      {"zero backoff", "s", "k",
+       CallOptions{.wait = WaitPolicy{.max_wait = 1s, .initial_backoff = 0ms}}, "initial_backoff"},
+  };
+  for (const BadCall& c : cases) {
+    bool ran = false;
+    try {
+      (void)exec.run(
+          c.scope, c.key,
+          [&](const Attempt&) {
+            ran = true;
+            return std::string();
+          },
+          c.call);
+      ADD_FAILURE() << c.name << ": not refused";
+    } catch (const idem::InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), c.argument) << c.name << ": " << e.what();
+    }
+    EXPECT_FALSE(ran) << c.name;
+  }
+  EXPECT_EQ(store_->total_calls(), 0u);
+}
+
+TEST_F(ExecutorTest, LongestScopeAndKeyAreAccepted) {
+  Executor exec(store_);
+  auto r = exec.run(std::string(idem::kMaxScopeBytes, 's'), std::string(idem::kMaxKeyBytes, 'k'),
+                    [](const Attempt&) { return std::string("ok"); });
+  EXPECT_EQ(r.value, "ok");
+}
+
+TEST_F(ExecutorTest, BadExecutorOptionsAreRefused) {
+  auto argument_of = [&](std::shared_ptr<idem::Store> store, ExecutorOptions o) {
+    try {
+      Executor exec(std::move(store), std::move(o));
+    } catch (const idem::InvalidArgument& e) {
+      return e.argument();
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(argument_of(nullptr, {}), "store");
+  EXPECT_EQ(argument_of(store_, {.max_payload = idem::kMaxPayloadBytes + 1}), "max_payload");
+  EXPECT_EQ(argument_of(store_, {.lease = 0ms}), "lease");
+  EXPECT_EQ(argument_of(store_, {.ttl = 366 * 24h}), "ttl");
+  EXPECT_EQ(argument_of(store_, {.lease = 3s, .heartbeat = 5s}), "heartbeat");
+  EXPECT_EQ(
+      argument_of(store_, {.wait = {.max_wait = 1s, .initial_backoff = 2s, .max_backoff = 1s}}),
+      "max_backoff");
+  EXPECT_EQ(argument_of(store_, {.max_payload = idem::kMaxPayloadBytes}), "(accepted)");
+  EXPECT_EQ(store_->total_calls(), 0u);
+}
+
+// --- fingerprints -----------------------------------------------------------------------
+
+TEST_F(ExecutorTest, DifferentFingerprintOnReplayIsKeyReuse) {
+  Executor exec(store_);
+  (void)exec.run(
+      "s", "k", [](const Attempt&) { return std::string("v"); }, CallOptions{.fingerprint = "A"});
+  try {
+    (void)exec.run(
+        "s", "k", [](const Attempt&) { return std::string("w"); }, CallOptions{.fingerprint = "B"});
+    FAIL() << "run did not throw";
+  } catch (const idem::KeyReuse& e) {
+    EXPECT_EQ(e.stored_fingerprint(), "A");
+    EXPECT_EQ(e.request_fingerprint(), "B");
+  }
+  auto same = exec.run(
+      "s", "k", [](const Attempt&) { return std::string("w"); }, CallOptions{.fingerprint = "A"});
+  EXPECT_TRUE(same.replayed);
+  // Only one side carrying a fingerprint is no evidence of reuse.
+  auto none = exec.run("s", "k", [](const Attempt&) { return std::string("w"); });
+  EXPECT_TRUE(none.replayed);
+}
+
+TEST_F(ExecutorTest, DifferentFingerprintOnBusyIsKeyReuseNotAWait) {
+  ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h, "A"), IsAcquired());
+  Executor exec(store_);
+  EXPECT_THAT(
+      [&] {
+        (void)exec.run(
+            "s", "k", [](const Attempt&) { return std::string(); },
+            CallOptions{.wait = WaitPolicy{.max_wait = 1h}, .fingerprint = "B"});
+      },
+      ThrowsIdem(ErrorCode::kKeyReuse));
+  EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
+}
+
+TEST_F(ExecutorTest, DifferentFingerprintFromAnInProcessOwnerIsKeyReuse) {
+  Executor exec(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k",
+        [&](const Attempt&) {
+          started.open();
+          finish.wait();
+          return std::string("v");
+        },
+        CallOptions{.fingerprint = "A"});
+  });
+  ASSERT_TRUE(started.wait());
+  const auto calls_before = store_->total_calls();
+  EXPECT_THAT(
+      [&] {
+        (void)exec.run(
+            "s", "k", [](const Attempt&) { return std::string(); },
+            CallOptions{.wait = WaitPolicy{.max_wait = 1h}, .fingerprint = "B"});
+      },
+      ThrowsIdem(ErrorCode::kKeyReuse));
+  EXPECT_EQ(store_->total_calls(), calls_before);
+  finish.open();
+  EXPECT_EQ(owner.get().value, "v");
+}
+
+// --- fail fast --------------------------------------------------------------------------
+
+TEST_F(ExecutorTest, FailFastInProgressCarriesTheOwnersDeadline) {
+  auto owner = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(owner, IsAcquired());
+  const auto deadline = std::get<idem::Acquired>(owner).lease.lease_expires_at;
+  Executor exec(store_);
+  bool ran = false;
+  try {
+    (void)exec.run("s", "k", [&](const Attempt&) {
+      ran = true;
+      return std::string();
+    });
+    FAIL() << "run did not throw";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), deadline);
+    EXPECT_EQ(e.lease_remaining(), 60s);  // the fake clock did not move
+  }
+  EXPECT_FALSE(ran);
+}
+
+TEST_F(ExecutorTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
+  Executor exec(store_, ExecutorOptions{.lease = 60s});
+  Gate started, finish;
+  idem::Timestamp deadline{};
+  auto owner = std::async(std::launch::async, [&] {
+    return exec.run("s", "k", [&](const Attempt&) {
+      deadline = memory_->get("s", "k")->lease_expires_at;
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  const auto calls_before = store_->total_calls();
+  try {
+    (void)exec.run("s", "k", [](const Attempt&) { return std::string(); });
+    ADD_FAILURE() << "run did not throw";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), deadline);
+    EXPECT_GT(e.lease_remaining(), 0ms);
+    EXPECT_LE(e.lease_remaining(), 60s);
+  }
+  EXPECT_EQ(store_->total_calls(), calls_before);
+  finish.open();
+  EXPECT_EQ(owner.get().value, "v");
+}
+
+// --- waiting on another process ---------------------------------------------------------
+
+// Two executors on one store stand for two processes: neither sees the other in memory.
+TEST_F(ExecutorTest, WaiterEndsWithAReplayWhenTheOwnerCompletes) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return process_a.run("s", "k", [&](const Attempt&) {
+      started.open();
+      finish.wait();
+      return std::string("from a");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto waiter = std::async(std::launch::async, [&] {
+    return process_b.run(
+        "s", "k", [](const Attempt&) { return std::string("from b"); },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
+  });
+  // The waiter is polling the store (the owner made the first acquire).
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 3));
+  finish.open();
+  auto r = waiter.get();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, "from a");
+  EXPECT_FALSE(owner.get().replayed);
+}
+
+TEST_F(ExecutorTest, WaiterAcquiresForItselfWhenTheOwnerReleases) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    (void)process_a.run("s", "k", [&](const Attempt&) -> std::string {
+      started.open();
+      finish.wait();
+      throw PaymentDeclined(1);
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto waiter = std::async(std::launch::async, [&] {
+    return process_b.run(
+        "s", "k",
+        [](const Attempt& a) {
+          // SPEC §4: after a release the key looks never used.
+          EXPECT_EQ(a.number(), 1u);
+          EXPECT_FALSE(a.stolen());
+          return std::string("from b");
+        },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
+  });
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 3));
+  finish.open();
+  EXPECT_THROW(owner.get(), PaymentDeclined);
+  auto r = waiter.get();
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "from b");
+}
+
+TEST_F(ExecutorTest, WaiterStealsWhenTheOwnersLeaseExpires) {
+  // A process that died holding the lease: nobody extends it.
+  auto dead = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(dead, IsAcquired());
+  Executor exec(store_);
+  auto waiter = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k",
+        [](const Attempt& a) {
+          EXPECT_TRUE(a.stolen());
+          EXPECT_EQ(a.number(), 2u);
+          return std::string("taken over");
+        },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
+  });
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 2));
+  clock_->advance(60s);
+  auto r = waiter.get();
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "taken over");
+  EXPECT_EQ(memory_->get("s", "k")->payload, "taken over");
+}
+
+TEST_F(ExecutorTest, WaiterGivesUpWithInProgressWhenItsBoundRunsOut) {
+  auto owner = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(owner, IsAcquired());
+  Executor exec(store_);
+  try {
+    (void)exec.run(
+        "s", "k", [](const Attempt&) { return std::string(); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 50ms, .initial_backoff = 5ms, .max_backoff = 10ms}});
+    FAIL() << "run did not throw";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), std::get<idem::Acquired>(owner).lease.lease_expires_at);
+  }
+  EXPECT_GE(store_->calls(Op::kAcquire), 2u);
+  EXPECT_EQ(exec.active_leases(), 0u);
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+}
+
+TEST_F(ExecutorRealTimeTest, WaiterNeverSleepsPastTheOwnersLeaseDeadline) {
+  // The owner's lease ends in 100 ms and nobody extends it. The waiter's backoff is an
+  // hour: only by honouring the owner's deadline can it steal the key soon.
+  ASSERT_THAT(memory_->acquire("s", "k", 100ms, 1h), IsAcquired());
+  Executor exec(store_);
+  auto waiter = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k", [](const Attempt& a) { return std::to_string(a.number()); },
+        CallOptions{.wait = WaitPolicy{.max_wait = 2h, .initial_backoff = 1h, .max_backoff = 1h}});
+  });
+  ASSERT_EQ(waiter.wait_for(kEventually), std::future_status::ready);
+  EXPECT_EQ(waiter.get().value, "2");
+}
+
+// --- waiting on this process, in memory -------------------------------------------------
+
+TEST_F(ExecutorTest, InProcessDuplicateWaitsInMemoryAndGetsTheResult) {
+  Executor exec(store_);
+  Gate started, finish;
+  int runs = 0;
+  auto owner = std::async(std::launch::async, [&] {
+    return exec.run("s", "k", [&](const Attempt&) {
+      ++runs;
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  ASSERT_EQ(store_->calls(Op::kAcquire), 1u);
+  auto duplicate = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k", [&](const Attempt&) { return std::string("dup"); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 1h, .initial_backoff = 1ms, .max_backoff = 1ms}});
+  });
+  ASSERT_TRUE(eventually([&] { return exec.waiting_duplicates() == 1; }));
+  // With a 1 ms backoff a polling waiter would have called acquire many times by now.
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
+  finish.open();
+  auto r = duplicate.get();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, "v");
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
+  EXPECT_FALSE(owner.get().replayed);
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+}
+
+TEST_F(ExecutorTest, InProcessDuplicateAcquiresWhenTheOwnerThrows) {
+  Executor exec(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    (void)exec.run("s", "k", [&](const Attempt&) -> std::string {
+      started.open();
+      finish.wait();
+      throw PaymentDeclined(2);
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto duplicate = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k",
+        [&](const Attempt& a) {
+          EXPECT_EQ(a.number(), 1u);
+          EXPECT_FALSE(a.stolen());
+          return std::string("retried");
+        },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h}});
+  });
+  ASSERT_TRUE(eventually([&] { return exec.waiting_duplicates() == 1; }));
+  finish.open();
+  EXPECT_THROW(owner.get(), PaymentDeclined);
+  auto r = duplicate.get();
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "retried");
+}
+
+TEST_F(ExecutorTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
+  Executor exec(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return exec.run("s", "k", [&](const Attempt&) {
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  EXPECT_THAT(
+      [&] {
+        (void)exec.run(
+            "s", "k", [](const Attempt&) { return std::string(); },
+            CallOptions{.wait = WaitPolicy{.max_wait = 20ms}});
+      },
+      ThrowsIdem(ErrorCode::kInProgress));
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+  finish.open();
+  EXPECT_EQ(owner.get().value, "v");
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+TEST_F(ExecutorTest, ConcurrentDuplicatesRunTheActionOnce) {
+  Executor exec(store_);
+  std::atomic<int> runs{0};
+  std::vector<std::future<Executor::BytesResult>> calls;
+  for (int i = 0; i < 8; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] {
+      return exec.run(
+          "s", "k",
+          [&](const Attempt&) {
+            ++runs;
+            std::this_thread::sleep_for(20ms);
+            return std::string("once");
+          },
+          CallOptions{.wait =
+                          WaitPolicy{.max_wait = 1h, .initial_backoff = 1ms, .max_backoff = 5ms}});
+    }));
+  }
+  int fresh = 0;
+  for (auto& c : calls) {
+    auto r = c.get();
+    EXPECT_EQ(r.value, "once");
+    fresh += r.replayed ? 0 : 1;
+  }
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(fresh, 1);
+}
+
+// --- the heartbeat, as the action sees it -----------------------------------------------
+
+TEST_F(ExecutorRealTimeTest, HeartbeatKeepsALongActionAlive) {
+  // A 300 ms lease extended every 100 ms, for five lease durations.
+  Executor exec(store_, ExecutorOptions{.lease = 300ms});
+  Executor other_process(store_);
+  idem::Timestamp first_deadline{};
+  int busy_seen = 0;
+  bool lost = false;
+  auto r = exec.run("s", "k", [&](const Attempt& a) {
+    first_deadline = memory_->get("s", "k")->lease_expires_at;
+    const auto end = std::chrono::steady_clock::now() + 1500ms;
+    while (std::chrono::steady_clock::now() < end) {
+      // Nobody else can take the key: the store says Busy and another executor fails fast.
+      EXPECT_THAT(memory_->acquire("s", "k", 1s, 1h), IsBusy());
+      EXPECT_THAT(
+          [&] { (void)other_process.run("s", "k", [](const Attempt&) { return std::string(); }); },
+          ThrowsIdem(ErrorCode::kInProgress));
+      ++busy_seen;
+      std::this_thread::sleep_for(50ms);
+    }
+    lost = a.lease_lost();
+    return std::string("done");
+  });
+  EXPECT_FALSE(lost);
+  EXPECT_FALSE(r.replayed);
+  EXPECT_GT(busy_seen, 0);
+  EXPECT_GE(store_->calls(Op::kExtend), 3u);
+  // The record completed with this run's result: the lease was never lost.
+  auto record = memory_->get("s", "k");
+  EXPECT_EQ(record->state, idem::RecordState::kComplete);
+  EXPECT_EQ(record->payload, "done");
+  EXPECT_GT(record->completed_at, first_deadline);
+}
+
+TEST_F(ExecutorRealTimeTest, ForgottenRecordLosesTheLease) {
+  Executor exec(store_, ExecutorOptions{.lease = 300ms});
+  Gate started;
+  idem::Token token = 0;
+  auto run = std::async(std::launch::async, [&] {
+    return exec.run("s", "k", [&](const Attempt& a) {
+      token = a.token();
+      started.open();
+      EXPECT_TRUE(wait_for_lost(a));
+      return std::string("too late");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  ASSERT_TRUE(memory_->forget("s", "k"));
+  try {
+    (void)run.get();
+    FAIL() << "run did not throw";
+  } catch (const idem::LeaseLost& e) {
+    EXPECT_EQ(e.token(), token);
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("another caller now owns the key"));
+  }
+  EXPECT_FALSE(memory_->get("s", "k").has_value());
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+TEST_F(ExecutorTest, LeaseStolenWhileTheHeartbeatIsPausedIsLost) {
+  Executor exec(store_, ExecutorOptions{.lease = 300ms});
+  store_->pause(Op::kExtend);
+  Gate started;
+  auto run = std::async(std::launch::async, [&] {
+    return exec.run("s", "k", [&](const Attempt& a) {
+      started.open();
+      EXPECT_TRUE(wait_for_lost(a));
+      return std::string("stale");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  // The heartbeat is stuck in a slow store call while the lease runs out and another
+  // caller steals the key.
+  ASSERT_TRUE(store_->wait_for_blocked(Op::kExtend, 1));
+  clock_->advance(1s);
+  auto thief = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(thief, IsAcquired());
+  ASSERT_TRUE(std::get<idem::Acquired>(thief).stolen);
+  store_->resume(Op::kExtend);
+  EXPECT_THAT([&] { (void)run.get(); }, ThrowsIdem(ErrorCode::kLeaseLost));
+  // The thief's lease is untouched.
+  auto record = memory_->get("s", "k");
+  EXPECT_EQ(record->state, idem::RecordState::kInProgress);
+  EXPECT_EQ(record->token, std::get<idem::Acquired>(thief).lease.token);
+}
+
+TEST_F(ExecutorRealTimeTest, HeartbeatErrorsUntilTheDeadlineLoseTheLease) {
+  std::atomic<int> errors{0};
+  Executor exec(store_,
+                ExecutorOptions{.lease = 300ms,
+                                .on_heartbeat_error = [&](const std::exception&) { ++errors; }});
+  store_->fail_always(Op::kExtend);
+  bool lost = false;
+  auto r = exec.run("s", "k", [&](const Attempt& a) {
+    lost = wait_for_lost(a);
+    return std::string("finished anyway");
+  });
+  EXPECT_TRUE(lost);
+  EXPECT_GE(errors.load(), 2);
+  // SPEC §4: nobody stole the lease, so the owner still holds the token and may complete.
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(memory_->get("s", "k")->payload, "finished anyway");
+}
+
+TEST_F(ExecutorRealTimeTest, HeartbeatErrorCallbackThatThrowsIsContained) {
+  // A 1 s lease extended every 333 ms; two failed extends are retried well within it.
+  Executor exec(store_, ExecutorOptions{.lease = 1s, .on_heartbeat_error = [](const auto&) {
+                                          throw std::runtime_error("careless callback");
+                                        }});
+  store_->fail_next(Op::kExtend, 2);
+  auto r = exec.run("s", "k", [&](const Attempt& a) {
+    EXPECT_TRUE(store_->wait_for_calls(Op::kExtend, 3));
+    return std::string(a.lease_lost() ? "lost" : "kept");
+  });
+  EXPECT_EQ(r.value, "kept");
+}
+
+// Runs `depth` nested calls on different keys, so one thread holds `depth` leases at once;
+// the innermost waits for every thread to reach it, then holds on for `hold`.
+std::size_t nest(Executor& exec, int thread, int depth, std::latch& all_in,
+                 std::chrono::milliseconds hold, std::atomic<int>& lost) {
+  if (depth == 0) {
+    all_in.arrive_and_wait();
+    std::this_thread::sleep_for(hold);
+    return 0;
+  }
+  const std::string key = std::to_string(thread) + "/" + std::to_string(depth);
+  auto r = exec.run("nest", key, [&](const Attempt& a) {
+    const std::size_t inner = nest(exec, thread, depth - 1, all_in, hold, lost);
+    if (a.lease_lost()) ++lost;
+    return std::to_string(inner + 1);
+  });
+  return std::stoul(r.value);
+}
+
+TEST_F(ExecutorRealTimeTest, HundredsOfConcurrentRunsShareOneHeartbeat) {
+  constexpr int kThreads = 8;
+  constexpr int kDepth = 32;
+  Executor exec(store_, ExecutorOptions{.lease = 300ms});
+  std::latch all_in(kThreads);
+  std::atomic<int> lost{0};
+  std::size_t peak = 0;
+  std::vector<std::future<std::size_t>> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.push_back(std::async(std::launch::async,
+                                 [&, t] { return nest(exec, t, kDepth, all_in, 1200ms, lost); }));
+  }
+  const bool all_alive_at_once = eventually([&] {
+    peak = std::max(peak, exec.active_leases());
+    return peak == kThreads * kDepth;
+  });
+  for (auto& t : threads) EXPECT_EQ(t.get(), static_cast<std::size_t>(kDepth));
+  EXPECT_TRUE(all_alive_at_once) << "peak " << peak;
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(exec.active_leases(), 0u);
+  EXPECT_EQ(memory_->size(), static_cast<std::size_t>(kThreads * kDepth));
+}
+
+// --- lifetime ---------------------------------------------------------------------------
+
+TEST_F(ExecutorTest, DestructorLeavesNoThreadBehind) {
+  const std::size_t before = thread_count();
+  {
+    Executor exec(store_);
+    (void)exec.run("s", "k", [](const Attempt&) { return std::string("v"); });
+    EXPECT_EQ(thread_count(), before + 1);  // the one heartbeat thread
+    (void)exec.run("s", "k2", [](const Attempt&) { return std::string("v"); });
+    EXPECT_EQ(thread_count(), before + 1);
+  }
+  EXPECT_TRUE(eventually([&] { return thread_count() == before; }));
+}
+
+TEST_F(ExecutorTest, ReplayOnlyExecutorStartsNoThread) {
+  const std::size_t before = thread_count();
+  {
+    Executor first(store_);
+    (void)first.run("s", "k", [](const Attempt&) { return std::string("v"); });
+  }
+  ASSERT_TRUE(eventually([&] { return thread_count() == before; }));
+  Executor exec(store_);
+  EXPECT_TRUE(exec.run("s", "k", [](const Attempt&) { return std::string(); }).replayed);
+  EXPECT_EQ(thread_count(), before);
+}
+
+}  // namespace

@@ -1,0 +1,138 @@
+#pragma once
+
+// The heartbeat (SPEC §6, §7): one thread per executor that keeps every in-flight lease
+// alive by extending it on a schedule kept on the caller's steady clock. Shaped like the
+// LockWatcher of redis-plus-plus (patterns/redlock.h): a min-heap of deadlines, leases that
+// the owner can drop at any moment without waiting for the thread, and errors reported
+// through a callback instead of thrown across the thread boundary.
+//
+// A lease is lost, and its stop token requested, when the store fences an extend, or when
+// extends keep failing with errors until the local view of the lease deadline has passed.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "idem/store.h"
+#include "idem/types.h"
+
+namespace idem::detail {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// One byte for the scope's length (at most 255 bytes, SPEC §10), the scope, then the key.
+// Injective, so ("a:b","c") and ("a","b:c") never share an id.
+void encode_lease_id(std::string& out, std::string_view scope, std::string_view key);
+
+// One lease the heartbeat keeps alive. The owner creates it (it may live inside a larger
+// object: Heartbeat::add takes an aliasing shared_ptr), registers it with add() and
+// unregisters it with remove().
+class HeartbeatLease {
+ public:
+  // `local_deadline` is the steady time the acquire was sent plus the lease time left that
+  // the store reported (SPEC §6: never compare the store's clock with ours);
+  // `lease_expires_at` is the store's own deadline, kept only to report it.
+  HeartbeatLease(std::string_view scope, std::string_view key, Token token, Duration lease,
+                 Duration interval, SteadyClock::time_point local_deadline,
+                 Timestamp lease_expires_at);
+  HeartbeatLease(const HeartbeatLease&) = delete;
+  HeartbeatLease& operator=(const HeartbeatLease&) = delete;
+
+  // The encoded (scope, key), see encode_lease_id.
+  std::string_view id() const noexcept { return id_; }
+  std::string_view scope() const noexcept;
+  std::string_view key() const noexcept;
+  Token token() const noexcept { return token_; }
+  Duration lease() const noexcept { return lease_; }
+  Duration interval() const noexcept { return interval_; }
+
+  // Requested when the lease is lost.
+  std::stop_token stop_token() const noexcept { return stop_.get_token(); }
+  bool lost() const noexcept { return stop_.stop_requested(); }
+
+  // The local deadline after the last successful extend (or the acquire).
+  SteadyClock::time_point local_deadline() const noexcept;
+  // The store's deadline after the last successful extend (or the acquire).
+  Timestamp lease_expires_at() const noexcept;
+  // How many extends the store accepted.
+  std::uint64_t extends() const noexcept { return extends_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class Heartbeat;
+
+  std::string id_;
+  Token token_;
+  Duration lease_;
+  Duration interval_;
+  std::stop_source stop_;
+  // Set once by Heartbeat::remove; the thread drops the lease when it sees it.
+  std::atomic<bool> removed_{false};
+  std::atomic<SteadyClock::rep> local_deadline_;
+  std::atomic<Duration::rep> lease_expires_at_ms_;
+  std::atomic<std::uint64_t> extends_{0};
+};
+
+class Heartbeat {
+ public:
+  using ErrorHandler = std::function<void(const std::exception&)>;
+
+  // `store` must outlive the heartbeat. `on_error` is called on the heartbeat thread for
+  // each failed extend; it must not throw (if it does, the exception is swallowed).
+  Heartbeat(Store& store, ErrorHandler on_error);
+  // Stops the thread, waiting for a store call in progress to return.
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // Starts keeping `lease` alive; its first extend is due one interval from now. Starts
+  // the thread on first use.
+  void add(std::shared_ptr<HeartbeatLease> lease);
+  // Stops keeping `lease` alive. Never blocks on the store: an extend in flight for this
+  // or any other lease finishes on its own and its outcome is ignored. Idempotent.
+  void remove(HeartbeatLease& lease) noexcept;
+  // Leases added and not yet removed (lost ones included until they are removed).
+  std::size_t active() const noexcept { return active_.load(std::memory_order_relaxed); }
+  // Whether the thread was started (for tests).
+  bool started() const;
+
+ private:
+  struct Item {
+    SteadyClock::time_point due;
+    std::shared_ptr<HeartbeatLease> lease;
+  };
+  struct Later {
+    bool operator()(const Item& a, const Item& b) const noexcept { return a.due > b.due; }
+  };
+
+  void loop();
+  // Extends one lease; returns false when the lease leaves the schedule (lost or removed).
+  bool beat(Item& item);
+  void report(const std::exception& e) noexcept;
+  void compact();
+
+  Store& store_;
+  ErrorHandler on_error_;
+  std::atomic<std::size_t> active_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Item> heap_;  // a min-heap on `due`, guarded by mu_
+  // When the sleeping thread will next look at the heap; add() wakes it only for an
+  // earlier deadline, so registering a lease rarely costs a wake-up.
+  SteadyClock::time_point wake_at_ = SteadyClock::time_point::max();
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace idem::detail
