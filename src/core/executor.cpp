@@ -1,9 +1,12 @@
 #include "idem/executor.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -38,13 +41,47 @@ struct IdView {
   bool operator==(const IdView&) const = default;
 };
 
+// One pass over scope and key, eight bytes at a time: the table only ever holds the calls
+// in flight, so a short multiply-xorshift mix is plenty and costs less than two calls of
+// std::hash on the hot path.
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v;
+  h *= 0x9e3779b97f4a7c15ULL;
+  return h ^ (h >> 29);
+}
+
+std::uint64_t hash_bytes(std::uint64_t h, std::string_view s) {
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t v;
+    std::memcpy(&v, s.data() + i, 8);
+    h = mix(h, v);
+  }
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, s.data() + i, s.size() - i);
+  return mix(h, tail ^ (std::uint64_t{s.size()} << 56));
+}
+
 struct IdHash {
   std::size_t operator()(const IdView& id) const noexcept {
-    const std::size_t a = std::hash<std::string_view>{}(id.scope);
-    const std::size_t b = std::hash<std::string_view>{}(id.key);
-    return a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+    return static_cast<std::size_t>(
+        hash_bytes(hash_bytes(0x243f6a8885a308d3ULL, id.scope), id.key));
   }
 };
+
+// The monotonic clock as of the last timer tick: a few nanoseconds to read instead of a few
+// dozen. It is never ahead of SteadyClock::now() (same clock, coarser), so a local lease
+// deadline counted from it errs on the early, safe side.
+SteadyClock::time_point coarse_now() noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+  timespec ts{};
+  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0) {
+    return SteadyClock::time_point(std::chrono::duration_cast<SteadyClock::duration>(
+        std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+  }
+#endif
+  return SteadyClock::now();
+}
 
 enum class OwnerState {
   kRunning,    // the action is running
@@ -165,6 +202,7 @@ class Executor::Impl {
   Impl(std::shared_ptr<Store> store, ExecutorOptions options)
       : store_(std::move(store)),
         options_(std::move(options)),
+        default_interval_(resolve_interval(options_.heartbeat, options_.lease)),
         heartbeat_(*store_, options_.on_heartbeat_error),
         shards_(std::make_unique<OwnerShard[]>(kOwnerShards)) {}
 
@@ -181,8 +219,13 @@ class Executor::Impl {
     validate_scope(scope);
     validate_key(key);
     const Call call = resolve(call_options);
-    const auto started = SteadyClock::now();
-    const auto wait_deadline = started + call.wait.max_wait;
+    // The waiting bound counts from the first time the key is found busy, so a call that
+    // never waits never reads the clock for it.
+    std::optional<SteadyClock::time_point> wait_deadline;
+    const auto bound = [&] {
+      if (!wait_deadline) wait_deadline = SteadyClock::now() + call.wait.max_wait;
+      return *wait_deadline;
+    };
     const std::optional<std::string_view> fingerprint =
         call.fingerprint ? std::optional<std::string_view>(*call.fingerprint) : std::nullopt;
     const IdView id{scope, key};
@@ -192,10 +235,10 @@ class Executor::Impl {
     for (;;) {
       // SPEC §7: a duplicate of a call in this process waits on it in memory.
       if (auto owner = find_owner(id, hash)) {
-        if (auto r = follow(*owner, call, wait_deadline)) return std::move(*r);
+        if (auto r = follow(*owner, call, bound())) return std::move(*r);
         continue;
       }
-      const auto sent = SteadyClock::now();
+      const auto sent = coarse_now();
       AcquireResult acquired =
           guarded([&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); });
       if (auto* replay = std::get_if<Replay>(&acquired)) {
@@ -209,15 +252,16 @@ class Executor::Impl {
       check_fingerprint(busy.fingerprint, call.fingerprint);
       // The owner may be a call of this process that registered after our lookup.
       if (auto owner = find_owner(id, hash)) {
-        if (auto r = follow(*owner, call, wait_deadline)) return std::move(*r);
+        if (auto r = follow(*owner, call, bound())) return std::move(*r);
         continue;
       }
+      const auto until = bound();
       const auto now = SteadyClock::now();
-      if (now >= wait_deadline) throw InProgress(busy.lease_expires_at, busy.lease_remaining);
+      if (now >= until) throw InProgress(busy.lease_expires_at, busy.lease_remaining);
       // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
       // time left) nor past the waiting bound.
-      const auto pause = std::min(
-          {jittered(backoff), SteadyClock::duration(busy.lease_remaining), wait_deadline - now});
+      const auto pause =
+          std::min({jittered(backoff), SteadyClock::duration(busy.lease_remaining), until - now});
       std::this_thread::sleep_for(pause);
       backoff = std::min(backoff * 2, call.wait.max_backoff);
     }
@@ -225,11 +269,14 @@ class Executor::Impl {
 
  private:
   Call resolve(const CallOptions& c) const {
+    // The executor's own options were validated once, at construction.
     const Duration lease = c.lease.value_or(options_.lease);
-    validate_duration("lease", lease);
+    if (c.lease) validate_duration("lease", lease);
     const Duration ttl = c.ttl.value_or(options_.ttl);
-    validate_duration("ttl", ttl);
-    const Duration interval = resolve_interval(c.heartbeat.value_or(options_.heartbeat), lease);
+    if (c.ttl) validate_duration("ttl", ttl);
+    const Duration interval =
+        c.lease || c.heartbeat ? resolve_interval(c.heartbeat.value_or(options_.heartbeat), lease)
+                               : default_interval_;
     const WaitPolicy& wait = c.wait ? *c.wait : options_.wait;
     if (c.wait) validate_wait(wait);
     return Call{lease, interval, ttl, wait, c.fingerprint};
@@ -395,6 +442,7 @@ class Executor::Impl {
 
   std::shared_ptr<Store> store_;
   ExecutorOptions options_;
+  Duration default_interval_;
   // Declared after store_ so that it stops before the store can go away.
   detail::Heartbeat heartbeat_;
   std::unique_ptr<OwnerShard[]> shards_;
