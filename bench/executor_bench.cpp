@@ -28,7 +28,7 @@ using namespace std::chrono_literals;
 constexpr int kReplayKeys = 1024;
 // Fresh keys are never reused, so a fresh run grows the store; a fixed iteration count per
 // thread keeps its memory bounded.
-constexpr benchmark::IterationCount kFreshIterations = 200000;
+constexpr benchmark::IterationCount kFreshIterations = 100000;
 
 const std::string kPayload(32, 'p');
 
@@ -141,9 +141,17 @@ void BM_ExecutorReplay(benchmark::State& state) {
   tear_down(state);
 }
 
-BENCHMARK(BM_RawFresh)->Iterations(kFreshIterations)->Threads(1)->Threads(2)->Threads(4)
+BENCHMARK(BM_RawFresh)
+    ->Iterations(kFreshIterations)
+    ->Threads(1)
+    ->Threads(2)
+    ->Threads(4)
     ->UseRealTime();
-BENCHMARK(BM_ExecutorFresh)->Iterations(kFreshIterations)->Threads(1)->Threads(2)->Threads(4)
+BENCHMARK(BM_ExecutorFresh)
+    ->Iterations(kFreshIterations)
+    ->Threads(1)
+    ->Threads(2)
+    ->Threads(4)
     ->UseRealTime();
 BENCHMARK(BM_RawReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
 BENCHMARK(BM_ExecutorReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
