@@ -9,10 +9,11 @@ namespace idem {
 namespace {
 
 [[noreturn]] void bad_url(std::string_view text, const std::string& why) {
-  // Never echo a password: report only what precedes an authority's credentials.
-  std::string shown(text.substr(0, text.find("://") == std::string_view::npos
-                                       ? text.size()
-                                       : text.find("://") + 3));
+  // Never echo a password: show nothing past the start of an authority (it may hold
+  // credentials) or of a query (it may hold a password parameter).
+  std::size_t cut = text.find("://");
+  cut = cut == std::string_view::npos ? text.find('?') : cut + 3;
+  std::string shown(text.substr(0, cut));
   if (shown.size() < text.size()) shown += "...";
   throw InvalidArgument("store URL", "'" + shown + "': " + why);
 }
@@ -60,7 +61,8 @@ std::string Url::redacted() const {
       if (!password.empty()) out += ":***";
       out += "@";
     }
-    out += host;
+    // An IPv6 address keeps its brackets, or its colons would read as a port.
+    out += host.find(':') == std::string::npos ? host : "[" + host + "]";
     if (port != 0) out += ":" + std::to_string(port);
   }
   out += path;
@@ -80,7 +82,9 @@ std::string Url::redacted() const {
 Url parse_url(std::string_view text) {
   Url url;
   std::size_t colon = text.find(':');
-  if (colon == std::string_view::npos || colon == 0) bad_url(text, "no scheme (expected scheme:...)");
+  if (colon == std::string_view::npos || colon == 0) {
+    bad_url(text, "no scheme (expected scheme:...)");
+  }
   for (std::size_t i = 0; i < colon; ++i) {
     unsigned char c = static_cast<unsigned char>(text[i]);
     bool ok = std::isalpha(c) || (i > 0 && (std::isdigit(c) || c == '+' || c == '-' || c == '.'));
@@ -122,6 +126,10 @@ Url parse_url(std::string_view text) {
     } else if (std::size_t c = authority.rfind(':'); c != std::string_view::npos) {
       host = authority.substr(0, c);
       port = authority.substr(c + 1);
+      // "::1" or "fe80::1:6379" cannot be split into a host and a port unambiguously.
+      if (host.find(':') != std::string_view::npos) {
+        bad_url(text, "an IPv6 host must be in brackets, e.g. [::1]:6379");
+      }
     }
     url.host = percent_decode(host, text);
     if (!port.empty()) {
@@ -142,8 +150,8 @@ Url parse_url(std::string_view text) {
     if (pair.empty()) continue;
     std::size_t eq = pair.find('=');
     std::string key = percent_decode(pair.substr(0, eq), text);
-    std::string value = eq == std::string_view::npos ? std::string{}
-                                                     : percent_decode(pair.substr(eq + 1), text);
+    std::string value =
+        eq == std::string_view::npos ? std::string{} : percent_decode(pair.substr(eq + 1), text);
     if (key.empty()) bad_url(text, "empty query parameter name");
     url.query.emplace_back(std::move(key), std::move(value));
   }

@@ -14,10 +14,15 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "idem/clock.h"
 #include "idem/store.h"
+#include "idem/types.h"
 
 namespace idem::testing {
 
@@ -35,7 +40,16 @@ struct StoreTestContext {
   // One unit of test time for a store with a real clock. Every lease or TTL in the suite is
   // a small multiple of it; make it comfortably larger than a store round trip.
   Duration tick{200};
+  // Multiplies the operation count of the randomised concurrent test. A fast store may
+  // raise it; a store with slow writes may keep it at 1.
+  int stress_scale = 1;
+  // True for a store that drops expired records by itself (SPEC §8, Redis): its purge may
+  // return 0, and a record whose deadlines have all passed may vanish before any purge.
+  bool native_expiry = false;
 };
+
+// Failure messages name the context instead of dumping its bytes.
+inline void PrintTo(const StoreTestContext& context, std::ostream* os) { *os << context.name; }
 
 struct ContextName {
   std::string operator()(const ::testing::TestParamInfo<StoreTestContext>& info) const {
@@ -56,9 +70,41 @@ class StoreConformance : public ::testing::TestWithParam<StoreTestContext> {
   // than `d` on a real one.
   void pass(Duration d);
   bool fake_clock() const { return GetParam().fake_clock; }
+  bool native_expiry() const { return GetParam().native_expiry; }
+
+  // A lease or TTL that outlives anything a test lets pass.
+  Duration live() const { return ticks(100); }
+  // The fake clock's reading; only meaningful when fake_clock().
+  Timestamp now() const;
+
+  // Expects `r` to be Acquired and returns it; otherwise records a failure naming `what`
+  // and aborts the test (a failed precondition makes the rest meaningless).
+  Acquired expect_acquired(const AcquireResult& r, std::string_view what);
+  // Acquires (scope, key) and expects a fresh lease (stolen=false, attempt 1).
+  Lease acquire_fresh(std::string_view scope, std::string_view key, Duration lease, Duration ttl,
+                      std::optional<std::string_view> fingerprint = std::nullopt);
+  // Acquires and completes (scope, key) with `payload`; returns the completing token.
+  Token acquire_and_complete(std::string_view scope, std::string_view key, std::string_view payload,
+                             Duration ttl,
+                             std::optional<std::string_view> fingerprint = std::nullopt);
+  // Expects get() to find a record and returns it; otherwise fails and aborts the test.
+  Record expect_record(std::string_view scope, std::string_view key);
+
+  // Two readings of one instant by the store's clock: equal on a fake clock; within a
+  // millisecond on a real one, whose store may keep finer timestamps than it reports.
+  void expect_same_instant(Timestamp a, Timestamp b, std::string_view what) const;
+  // Two snapshots of one record that nothing changed in between (Record::now aside).
+  void expect_same_record(const Record& before, const Record& after) const;
+  // A lease reported by the store: deadlines follow from one reading of its clock.
+  void expect_lease_shape(const Lease& lease, Duration lease_duration, Duration ttl) const;
 
   std::shared_ptr<ManualClock> clock_;
   std::shared_ptr<Store> store_;
+};
+
+// Thrown by the expect_* helpers after recording a failure, to end the test early.
+struct AbortTest : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 }  // namespace idem::testing
