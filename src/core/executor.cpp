@@ -92,16 +92,24 @@ enum class OwnerState {
 // A call of this executor that holds the lease on a key. In-process duplicates find it in
 // the owner table and wait on it in memory instead of polling the store (SPEC §7).
 struct InFlight {
+  // An owner: this call holds the lease.
   InFlight(std::string_view scope, std::string_view key, const Acquired& acquired, Duration lease,
            Duration interval, SteadyClock::time_point local_deadline,
            const std::optional<std::string>& fp)
       : hb(scope, key, acquired.lease.token, lease, interval, local_deadline,
            acquired.lease.lease_expires_at),
         fingerprint(fp) {}
+  // A poller: another process holds the lease and this call polls the store on behalf of
+  // every duplicate in this process (SPEC §7: they do not poll the store themselves).
+  InFlight(std::string_view scope, std::string_view key, const Busy& busy, Duration lease,
+           Duration interval, SteadyClock::time_point local_deadline)
+      : hb(scope, key, 0, lease, interval, local_deadline, busy.lease_expires_at),
+        fingerprint(busy.fingerprint) {}
 
-  // The heartbeat's view of the lease; it also owns the copy of (scope, key).
+  // The heartbeat's view of the lease (an owner's is registered with the heartbeat; a
+  // poller's only records the owner's deadline); it also owns the copy of (scope, key).
   HeartbeatLease hb;
-  // The fingerprint the owner stored with the record.
+  // The fingerprint stored with the record.
   const std::optional<std::string> fingerprint;
   // Duplicates that found this owner in the table and may still read its outcome.
   std::atomic<int> waiters{0};
@@ -232,9 +240,26 @@ class Executor::Impl {
     const std::size_t hash = IdHash{}(id);
     Duration backoff = call.wait.initial_backoff;
 
+    // Set while this call polls the store for the in-process duplicates that wait on it;
+    // whatever ends the call hands them the outcome or sends them back to the table.
+    std::shared_ptr<InFlight> poller;
+    struct StopPolling {
+      const Impl& impl;
+      std::shared_ptr<InFlight>& poller;
+      std::size_t hash;
+      ~StopPolling() {
+        if (poller) impl.finish(*poller, hash, OwnerState::kGone, nullptr);
+      }
+    } stop_polling{*this, poller, hash};
+
     for (;;) {
       // SPEC §7: a duplicate of a call in this process waits on it in memory.
-      if (auto owner = find_owner(id, hash)) {
+      if (auto owner = find_owner(id, hash, poller.get())) {
+        if (poller) {
+          // An owner appeared in this process; our own waiters follow it from now on.
+          finish(*poller, hash, OwnerState::kGone, nullptr);
+          poller.reset();
+        }
         if (auto r = follow(*owner, call, bound())) return std::move(*r);
         continue;
       }
@@ -243,21 +268,38 @@ class Executor::Impl {
           guarded([&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); });
       if (auto* replay = std::get_if<Replay>(&acquired)) {
         check_fingerprint(replay->fingerprint, call.fingerprint);
+        if (poller) {
+          finish(*poller, hash, OwnerState::kCompleted, &replay->payload);
+          poller.reset();
+        }
         return BytesResult{std::move(replay->payload), true};
       }
       if (auto* a = std::get_if<Acquired>(&acquired)) {
-        return own(id, hash, *a, sent, call, action);
+        return own(id, hash, *a, sent, call, action, poller);
       }
       const Busy& busy = std::get<Busy>(acquired);
       check_fingerprint(busy.fingerprint, call.fingerprint);
-      // The owner may be a call of this process that registered after our lookup.
-      if (auto owner = find_owner(id, hash)) {
-        if (auto r = follow(*owner, call, bound())) return std::move(*r);
-        continue;
+      const auto owner_deadline =
+          sent + std::chrono::duration_cast<SteadyClock::duration>(busy.lease_remaining);
+      if (!poller) {
+        // The owner may be a call of this process that registered after our lookup.
+        if (auto owner = find_owner(id, hash, nullptr)) {
+          if (auto r = follow(*owner, call, bound())) return std::move(*r);
+          continue;
+        }
       }
       const auto until = bound();
       const auto now = SteadyClock::now();
       if (now >= until) throw InProgress(busy.lease_expires_at, busy.lease_remaining);
+      if (poller) {
+        poller->hb.observe(owner_deadline, busy.lease_expires_at);
+      } else {
+        auto candidate =
+            std::make_shared<InFlight>(scope, key, busy, call.lease, call.interval, owner_deadline);
+        // Somebody in this process got in first: wait on them instead.
+        if (!register_poller(candidate, hash)) continue;
+        poller = std::move(candidate);
+      }
       // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
       // time left) nor past the waiting bound.
       const auto pause =
@@ -299,22 +341,33 @@ class Executor::Impl {
     return shards_[(hash ^ (hash >> 32)) & (kOwnerShards - 1)];
   }
 
-  // The in-process owner of the key, counted as a waiter so it publishes its outcome.
-  std::shared_ptr<InFlight> find_owner(const IdView& id, std::size_t hash) const {
+  // The in-process owner (or poller) of the key other than `self`, counted as a waiter so
+  // that it publishes its outcome.
+  std::shared_ptr<InFlight> find_owner(const IdView& id, std::size_t hash,
+                                       const InFlight* self) const {
     OwnerShard& s = shard(hash);
     if (s.count.load(std::memory_order_acquire) == 0) return nullptr;
     std::lock_guard lock(s.mu);
     auto it = s.owners.find(id);
-    if (it == s.owners.end()) return nullptr;
+    if (it == s.owners.end() || it->second.get() == self) return nullptr;
     it->second->waiters.fetch_add(1, std::memory_order_relaxed);
     return it->second;
+  }
+
+  // Lists a poller unless somebody is listed for the key already.
+  bool register_poller(const std::shared_ptr<InFlight>& poller, std::size_t hash) const {
+    OwnerShard& s = shard(hash);
+    std::lock_guard lock(s.mu);
+    if (!s.owners.emplace(poller->id(), poller).second) return false;
+    s.count.fetch_add(1, std::memory_order_release);
+    return true;
   }
 
   void register_owner(const std::shared_ptr<InFlight>& owner, std::size_t hash) const {
     OwnerShard& s = shard(hash);
     std::lock_guard lock(s.mu);
-    // An earlier owner that released a moment ago may still be listed; the table's key
-    // points into that owner's memory, so the entry is replaced whole.
+    // An earlier owner that released a moment ago, or this call's own poller, may still be
+    // listed; the table's key points into that entry's memory, so it is replaced whole.
     if (s.owners.erase(owner->id()) == 0) s.count.fetch_add(1, std::memory_order_release);
     s.owners.emplace(owner->id(), owner);
   }
@@ -395,7 +448,8 @@ class Executor::Impl {
   }
 
   BytesResult own(const IdView& id, std::size_t hash, const Acquired& acquired,
-                  SteadyClock::time_point sent, const Call& call, const BytesAction& action) {
+                  SteadyClock::time_point sent, const Call& call, const BytesAction& action,
+                  std::shared_ptr<InFlight>& poller) {
     // SPEC §6: the local deadline is the send time plus the time left by the store's clock.
     const auto local_deadline =
         sent + std::chrono::duration_cast<SteadyClock::duration>(acquired.lease.lease_remaining);
@@ -405,6 +459,11 @@ class Executor::Impl {
     bool beating = false;
     try {
       register_owner(owner, hash);
+      if (poller) {
+        // The duplicates that waited on this call's polling now wait on it as the owner.
+        finish(*poller, hash, OwnerState::kGone, nullptr);
+        poller.reset();
+      }
       beating = true;
       heartbeat_.add(std::shared_ptr<HeartbeatLease>(owner, &owner->hb));
       const Attempt attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen,

@@ -61,6 +61,13 @@ Timestamp HeartbeatLease::lease_expires_at() const noexcept {
   return Timestamp(Duration(lease_expires_at_ms_.load(std::memory_order_acquire)));
 }
 
+void HeartbeatLease::observe(SteadyClock::time_point local_deadline,
+                             Timestamp lease_expires_at) noexcept {
+  local_deadline_.store(local_deadline.time_since_epoch().count(), std::memory_order_release);
+  lease_expires_at_ms_.store(lease_expires_at.time_since_epoch().count(),
+                             std::memory_order_release);
+}
+
 Heartbeat::Heartbeat(Store& store, ErrorHandler on_error)
     : store_(store), on_error_(std::move(on_error)) {}
 
@@ -139,7 +146,9 @@ bool Heartbeat::beat(Item& item) {
                                      std::memory_order_release);
     lease.extends_.fetch_add(1, std::memory_order_relaxed);
     // A store that grants less than one interval gets extended at half its grant instead.
-    item.due = r.lease_remaining > lease.interval_ ? sent + lease.interval_ : sent + remaining / 2;
+    item.due = r.lease_remaining > lease.interval_
+                   ? sent + lease.interval_
+                   : sent + std::max<SteadyClock::duration>(remaining / 2, kMinRetry);
     return true;
   } catch (const std::exception& e) {
     report(e);

@@ -65,6 +65,9 @@ class HeartbeatLease {
   SteadyClock::time_point local_deadline() const noexcept;
   // The store's deadline after the last successful extend (or the acquire).
   Timestamp lease_expires_at() const noexcept;
+  // Records what the store last said of a lease this process does not hold (a waiter
+  // tracking another process's lease); never used for a lease registered with add().
+  void observe(SteadyClock::time_point local_deadline, Timestamp lease_expires_at) noexcept;
   // How many extends the store accepted.
   std::uint64_t extends() const noexcept { return extends_.load(std::memory_order_relaxed); }
 

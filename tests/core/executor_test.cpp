@@ -725,6 +725,70 @@ TEST_F(ExecutorTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
   EXPECT_EQ(exec.active_leases(), 0u);
 }
 
+TEST_F(ExecutorTest, InProcessDuplicatesOfAnotherProcessesOwnerLeaveOnePollerToPoll) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return process_a.run("s", "k", [&](const Attempt&) {
+      started.open();
+      finish.wait();
+      return std::string("from a");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  bool b_ran = false;
+  std::vector<std::future<Executor::BytesResult>> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.push_back(std::async(std::launch::async, [&] {
+      return process_b.run(
+          "s", "k",
+          [&](const Attempt&) {
+            b_ran = true;
+            return std::string("from b");
+          },
+          CallOptions{.wait =
+                          WaitPolicy{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms}});
+    }));
+  }
+  // SPEC §7: one of them polls the store; the other three wait on it in memory.
+  const bool three_in_memory = eventually([&] { return process_b.waiting_duplicates() == 3; });
+  finish.open();
+  for (auto& w : waiters) {
+    auto r = w.get();
+    EXPECT_TRUE(r.replayed);
+    EXPECT_EQ(r.value, "from a");
+  }
+  EXPECT_TRUE(three_in_memory);
+  EXPECT_FALSE(b_ran);
+  EXPECT_EQ(owner.get().value, "from a");
+  EXPECT_EQ(process_b.waiting_duplicates(), 0u);
+}
+
+TEST_F(ExecutorTest, PollerThatGivesUpHandsPollingToTheNextWaiter) {
+  ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h), IsAcquired());
+  Executor exec(store_);
+  auto short_wait = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k", [](const Attempt&) { return std::string(); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 200ms, .initial_backoff = 5ms, .max_backoff = 5ms}});
+  });
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 3));
+  auto long_wait = std::async(std::launch::async, [&] {
+    return exec.run(
+        "s", "k", [](const Attempt& a) { return std::to_string(a.number()); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms}});
+  });
+  EXPECT_THAT([&] { (void)short_wait.get(); }, ThrowsIdem(ErrorCode::kInProgress));
+  // The long waiter polls for itself now; once the dead owner's lease runs out, it steals.
+  const auto calls = store_->calls(Op::kAcquire);
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, calls + 2));
+  clock_->advance(60s);
+  EXPECT_EQ(long_wait.get().value, "2");
+}
+
 TEST_F(ExecutorTest, ConcurrentDuplicatesRunTheActionOnce) {
   Executor exec(store_);
   std::atomic<int> runs{0};
