@@ -1,6 +1,7 @@
 #include "child.h"
 
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -12,8 +13,6 @@
 #include <cerrno>
 #include <cstring>
 #include <system_error>
-
-#include <fmt/core.h>
 
 #include "common.h"
 
@@ -68,8 +67,8 @@ std::vector<std::string> child_environment(
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     std::string_view entry(*e);
     std::string_view name = entry.substr(0, entry.find('='));
-    bool replaced = std::any_of(extra.begin(), extra.end(),
-                                [&](const auto& kv) { return kv.first == name; });
+    bool replaced =
+        std::any_of(extra.begin(), extra.end(), [&](const auto& kv) { return kv.first == name; });
     if (!replaced) out.emplace_back(entry);
   }
   for (const auto& [name, value] : extra) out.push_back(name + "=" + value);
@@ -172,8 +171,7 @@ ChildOutcome run_child(const ChildOptions& options, SignalGuard& signals) {
     }
     posix_spawnattr_setsigdefault(&setup.attr, &defaults);
     posix_spawnattr_setflags(&setup.attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    int rc = ::posix_spawnp(&pid, argv[0], &setup.actions, &setup.attr, argv.data(),
-                            envp.data());
+    int rc = ::posix_spawnp(&pid, argv[0], &setup.actions, &setup.attr, argv.data(), envp.data());
     close_fd(out_write);
     if (rc != 0) {
       close_fd(out_read);
@@ -223,8 +221,8 @@ ChildOutcome run_child(const ChildOptions& options, SignalGuard& signals) {
     // Poll at least every 250 ms as a safety net for a lost child-exit byte.
     int timeout_ms = 250;
     if (terminating && !killed) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(kill_at -
-                                                               std::chrono::steady_clock::now());
+      auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(kill_at - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         ::kill(pid, SIGKILL);
         killed = true;

@@ -1,6 +1,7 @@
 // `idem bench`: throughput and latency of Executor::run() on a store, so a user can size
 // their store. Each operation is one run() call; the store is whatever --store names.
 
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/core.h>
 
 #include "commands.h"
 #include "common.h"
@@ -100,8 +99,7 @@ int bench(const BenchArgs& args) {
   // A scope of its own, so the benchmark never meets a real record, and it deletes what it
   // wrote when it is done.
   const std::string scope = fmt::format(
-      "idem-bench-{}-{}", ::getpid(),
-      std::chrono::system_clock::now().time_since_epoch().count());
+      "idem-bench-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
   const std::string result(args.payload_bytes, 'x');
   auto action = [&result](const Attempt&) { return result; };
 
@@ -168,10 +166,10 @@ int bench(const BenchArgs& args) {
   for (auto& v : latencies) all.insert(all.end(), v.begin(), v.end());
   std::sort(all.begin(), all.end());
   auto us = [](std::int64_t ns) { return static_cast<double>(ns) / 1000.0; };
-  double mean_ns = all.empty() ? 0.0
-                               : static_cast<double>(std::accumulate(all.begin(), all.end(),
-                                                                     std::int64_t{0})) /
-                                     static_cast<double>(all.size());
+  double mean_ns =
+      all.empty() ? 0.0
+                  : static_cast<double>(std::accumulate(all.begin(), all.end(), std::int64_t{0})) /
+                        static_cast<double>(all.size());
   double ops_per_s = elapsed_s > 0 ? static_cast<double>(all.size()) / elapsed_s : 0.0;
 
   if (args.json) {
@@ -185,8 +183,10 @@ int bench(const BenchArgs& args) {
     out["payload_bytes"] = args.payload_bytes;
     out["elapsed_s"] = elapsed_s;
     out["ops_per_s"] = ops_per_s;
-    out["latency_us"] = {{"mean", mean_ns / 1000.0},     {"p50", us(quantile(all, 0.50))},
-                         {"p99", us(quantile(all, 0.99))}, {"p999", us(quantile(all, 0.999))},
+    out["latency_us"] = {{"mean", mean_ns / 1000.0},
+                         {"p50", us(quantile(all, 0.50))},
+                         {"p99", us(quantile(all, 0.99))},
+                         {"p999", us(quantile(all, 0.999))},
                          {"max", us(all.empty() ? 0 : all.back())}};
     (void)write_all(STDOUT_FILENO, dump_json(out));
   } else {
@@ -217,8 +217,8 @@ int bench(const BenchArgs& args) {
 
 Command add_bench_command(CLI::App& parent) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* app = parent.add_subcommand(
-      kName, "Measure throughput and latency of Executor::run() on a store");
+  CLI::App* app =
+      parent.add_subcommand(kName, "Measure throughput and latency of Executor::run() on a store");
   add_store_option(*app, args->store)->required();
   app->add_option("--ops", args->ops, "How many run() calls to measure")
       ->capture_default_str()

@@ -1,12 +1,11 @@
 // `idem forget`: an operator's delete of one record, whatever its state (SPEC §4 forget).
 
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <fmt/core.h>
 
 #include "commands.h"
 #include "common.h"
@@ -25,17 +24,17 @@ struct ForgetArgs {
 
 int forget(const ForgetArgs& args) {
   std::shared_ptr<Store> store = open_cli_store(args.store);
-  std::string what = fmt::format("key \"{}\" in scope \"{}\"", printable(args.key),
-                                 printable(args.scope));
+  std::string what =
+      fmt::format("key \"{}\" in scope \"{}\"", printable(args.key), printable(args.scope));
   // The snapshot only serves the report; forget deletes whatever is there when it runs.
   std::optional<Record> before = store->get(args.scope, args.key);
   if (!store->forget(args.scope, args.key)) {
     print_error(kName, fmt::format("no record for {} in {}", what, store->describe()));
     return kExitAbsent;
   }
-  std::string was = before ? fmt::format(" (was {}, token {})", to_string(before->state),
-                                         before->token)
-                           : std::string();
+  std::string was =
+      before ? fmt::format(" (was {}, token {})", to_string(before->state), before->token)
+             : std::string();
   (void)write_all(STDOUT_FILENO, fmt::format("forgot {}{}\n", what, was));
   if (before && before->state == RecordState::kInProgress) {
     print_error(kName, "the run that held it will find its lease lost and record nothing");

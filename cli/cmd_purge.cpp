@@ -1,12 +1,11 @@
 // `idem purge`: deletes expired records in bounded batches (SPEC §4 purge, §8).
 
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <memory>
 #include <string>
-
-#include <fmt/core.h>
 
 #include "commands.h"
 #include "common.h"
@@ -45,8 +44,7 @@ int purge(const PurgeArgs& args) {
 Command add_purge_command(CLI::App& parent) {
   auto args = std::make_shared<PurgeArgs>();
   CLI::App* app = parent.add_subcommand(
-      "purge",
-      "Delete expired records (completed past their TTL, abandoned past lease and TTL)");
+      "purge", "Delete expired records (completed past their TTL, abandoned past lease and TTL)");
   app->add_option("--limit", args->limit, "Delete at most this many (default: all)")
       ->check(CLI::PositiveNumber);
   add_store_option(*app, args->store);

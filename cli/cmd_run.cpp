@@ -2,6 +2,7 @@
 // (SPEC §12). The executor acquires, heartbeats, completes and releases; this file turns a
 // child process into an action and the outcomes into exit statuses.
 
+#include <fmt/core.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <fmt/core.h>
 
 #include "child.h"
 #include "commands.h"
@@ -45,7 +44,8 @@ struct RunArgs {
 // throws this so the executor releases the record (SPEC §5), and idem exits with `status`.
 class CommandFailed : public std::runtime_error {
  public:
-  CommandFailed(int status, std::string why) : std::runtime_error(std::move(why)), status_(status) {}
+  CommandFailed(int status, std::string why)
+      : std::runtime_error(std::move(why)), status_(status) {}
   int status() const noexcept { return status_; }
 
  private:
@@ -75,8 +75,9 @@ std::string signal_name(int sig) {
 
 int run_command(RunArgs& args) {
   if (args.command.empty()) {
-    throw UsageError("command", "missing; give the command to run after '--', e.g. "
-                                "idem run --key KEY -- CMD ARGS...");
+    throw UsageError("command",
+                     "missing; give the command to run after '--', e.g. "
+                     "idem run --key KEY -- CMD ARGS...");
   }
   const Duration ttl = duration_option("--ttl", args.ttl, false);
   const Duration lease = duration_option("--lease", args.lease, false);
@@ -111,6 +112,12 @@ int run_command(RunArgs& args) {
   options.ttl = ttl;
   options.wait.max_wait = wait;
   options.max_payload = *max_output + kPayloadHeaderBytes;
+  // Called on the heartbeat thread; the lease is kept until its deadline passes (SPEC §6),
+  // so this is a warning, and a lost lease is reported when it happens.
+  options.on_heartbeat_error = [](const std::exception& e) {
+    print_error(kName,
+                fmt::format("warning: the heartbeat could not extend the lease: {}", e.what()));
+  };
   Executor executor(store, options);
   CallOptions call;
   if (args.fingerprint_option->count() > 0) call.fingerprint = args.fingerprint;
@@ -145,11 +152,12 @@ int run_command(RunArgs& args) {
       // Interrupted runs are never recorded, even if the command exits 0 on the signal, and
       // idem never reports success for them.
       int status = outcome.status() != 0 ? outcome.status() : 128 + outcome.interrupted_by;
-      throw CommandFailed(status, fmt::format("interrupted by {}", signal_name(outcome.interrupted_by)));
+      throw CommandFailed(status,
+                          fmt::format("interrupted by {}", signal_name(outcome.interrupted_by)));
     }
     if (outcome.term_signal != 0) {
-      throw CommandFailed(outcome.status(),
-                          fmt::format("the command was killed by {}", signal_name(outcome.term_signal)));
+      throw CommandFailed(outcome.status(), fmt::format("the command was killed by {}",
+                                                        signal_name(outcome.term_signal)));
     }
     if (outcome.exit_code != 0) {
       throw CommandFailed(outcome.status(),

@@ -1,12 +1,11 @@
 // `idem show`: one record as JSON, or its stored output with --payload.
 
+#include <fmt/core.h>
 #include <unistd.h>
 
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <fmt/core.h>
 
 #include "commands.h"
 #include "common.h"
@@ -30,12 +29,12 @@ int show(const ShowArgs& args) {
   std::shared_ptr<Store> store = open_cli_store(args.store);
   std::optional<Record> record = store->get(args.scope, args.key);
   if (!args.payload) {
-    (void)write_all(STDOUT_FILENO, dump_json(record_json(store->describe(), args.scope,
-                                                         args.key, record)));
+    (void)write_all(STDOUT_FILENO,
+                    dump_json(record_json(store->describe(), args.scope, args.key, record)));
     return record ? kExitOk : kExitAbsent;
   }
-  std::string what = fmt::format("key \"{}\" in scope \"{}\"", printable(args.key),
-                                 printable(args.scope));
+  std::string what =
+      fmt::format("key \"{}\" in scope \"{}\"", printable(args.key), printable(args.scope));
   if (!record) {
     print_error(kName, fmt::format("no record for {}", what));
     return kExitAbsent;
@@ -47,8 +46,8 @@ int show(const ShowArgs& args) {
   // A record `idem run` wrote prints its command's output; any other payload (a library
   // caller's) prints as stored.
   std::optional<CommandResult> result = decode_payload(record->payload);
-  (void)write_all(STDOUT_FILENO, result ? std::string_view(result->output)
-                                        : std::string_view(record->payload));
+  (void)write_all(STDOUT_FILENO,
+                  result ? std::string_view(result->output) : std::string_view(record->payload));
   return kExitOk;
 }
 

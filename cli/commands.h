@@ -3,9 +3,8 @@
 // The subcommands of `idem`. Each cmd_<name>.cpp registers its options on the parent app
 // and returns what to do when that subcommand was chosen.
 
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
 
 namespace idem::cli {
 

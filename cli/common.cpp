@@ -1,9 +1,11 @@
 #include "common.h"
 
+#include <fmt/core.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -11,9 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <limits>
-
-#include <CLI/CLI.hpp>
-#include <fmt/core.h>
+#include <system_error>
 
 #include "idem/error.h"
 #include "idem/open_store.h"
@@ -142,8 +142,8 @@ std::string iso8601(Timestamp t) {
   std::time_t tt = static_cast<std::time_t>(seconds);
   std::tm tm{};
   ::gmtime_r(&tt, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
 }
 
 std::string human_duration(Duration d) {
@@ -239,6 +239,10 @@ int report_error(std::string_view command, const std::exception& error) {
         return kExitStoreUnavailable;
     }
     return kExitInternal;
+  }
+  if (const auto* e = dynamic_cast<const std::system_error*>(&error)) {
+    print_error(command, fmt::format("system error: {}", e->what()));
+    return kExitOsError;
   }
   print_error(command, fmt::format("internal error: {}", error.what()));
   return kExitInternal;

@@ -20,10 +20,10 @@ nlohmann::ordered_json optional_string(const std::optional<std::string>& s) {
 
 }  // namespace
 
-nlohmann::ordered_json record_json(std::string_view store, std::string_view scope, std::string_view key,
-                           const std::optional<Record>& record) {
+nlohmann::ordered_json record_json(std::string_view store, std::string_view scope,
+                                   std::string_view key, const std::optional<Record>& record) {
   nlohmann::ordered_json out;
-  out["state"] = !record ? "ABSENT"
+  out["state"] = !record                                     ? "ABSENT"
                  : record->state == RecordState::kInProgress ? "IN_PROGRESS"
                                                              : "COMPLETE";
   out["store"] = std::string(store);

@@ -4,10 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <exception>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "commands.h"
 #include "common.h"
@@ -38,9 +37,10 @@ int main(int argc, char** argv) {
   // not end idem while it holds a lease. The child gets the default back (child.cpp).
   ::signal(SIGPIPE, SIG_IGN);
 
-  CLI::App app{"idem: run a command at most once per key, and inspect, purge and measure "
-               "the store that remembers it.",
-               "idem"};
+  CLI::App app{
+      "idem: run a command at most once per key, and inspect, purge and measure "
+      "the store that remembers it.",
+      "idem"};
   app.set_version_flag("--version", "idem " IDEM_VERSION);
   app.require_subcommand(1);
   app.footer("Run `idem COMMAND --help` for a command's options. Documentation: docs/cli.md.");

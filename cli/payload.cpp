@@ -22,7 +22,8 @@ std::optional<CommandResult> decode_payload(std::string_view bytes, std::string*
     if (why != nullptr) *why = std::move(message);
     return std::nullopt;
   };
-  if (bytes.size() < kPayloadHeaderBytes || bytes.substr(0, kPayloadMagic.size()) != kPayloadMagic) {
+  if (bytes.size() < kPayloadHeaderBytes ||
+      bytes.substr(0, kPayloadMagic.size()) != kPayloadMagic) {
     return fail("the stored result was not written by `idem run`");
   }
   auto version = static_cast<std::uint8_t>(bytes[4]);

@@ -7,6 +7,8 @@
 // No assertion depends on timing: tests wait for conditions (a file appearing, a process
 // ending) with generous bounds, and commands that must stay in progress wait on a gate file.
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,13 +19,11 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "process.h"
 
@@ -65,8 +65,8 @@ class TempDir {
  public:
   TempDir() {
     const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
-                          "/idem-cli-test-XXXXXX";
+    std::string pattern =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/idem-cli-test-XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     path_ = pattern;
   }
@@ -137,6 +137,9 @@ struct StoreCase {
   std::function<std::string(const TempDir&)> url;
 };
 
+// Names the store in test output instead of dumping the object's bytes.
+void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
+
 std::vector<StoreCase> shared_stores() {
   std::vector<StoreCase> out;
   out.push_back({"sqlite", [](const TempDir& d) { return "sqlite://" + (d / "idem.db"); }});
@@ -156,8 +159,7 @@ class CliStoreTest : public CliTest, public ::testing::WithParamInterface<StoreC
   // `idem SUBCOMMAND --store URL --scope SCOPE --key KEY ARGS...`
   std::vector<std::string> keyed(const std::string& subcommand, const std::string& key,
                                  std::vector<std::string> args = {}) {
-    std::vector<std::string> out = {subcommand, "--store", store_, "--scope", scope_,
-                                    "--key", key};
+    std::vector<std::string> out = {subcommand, "--store", store_, "--scope", scope_, "--key", key};
     out.insert(out.end(), args.begin(), args.end());
     return out;
   }
@@ -364,8 +366,8 @@ TEST_P(CliStoreTest, LargerMaxOutputRecordsMegabytesByteForByte) {
 }
 
 TEST_P(CliStoreTest, CommandSeesItsLeaseInTheEnvironment) {
-  ProcessResult r = run_sh("the key",
-                           "echo \"$IDEM_SCOPE|$IDEM_KEY|$IDEM_TOKEN|$IDEM_ATTEMPT|$IDEM_STOLEN\"");
+  ProcessResult r =
+      run_sh("the key", "echo \"$IDEM_SCOPE|$IDEM_KEY|$IDEM_TOKEN|$IDEM_ATTEMPT|$IDEM_STOLEN\"");
   ASSERT_EQ(r.status, 0) << r.err;
   Json record = show("the key");
   std::string token = std::to_string(record["token"].get<std::uint64_t>());
@@ -376,8 +378,8 @@ TEST_P(CliStoreTest, FingerprintMismatchExits65WithoutRunning) {
   ASSERT_EQ(run_sh("k", counting("echo a"), {"--fingerprint", "request-a"}).status, 0);
   ProcessResult other = run_sh("k", counting("echo b"), {"--fingerprint", "request-b"});
   EXPECT_EQ(other.status, 65);
-  EXPECT_THAT(other.err, AllOf(HasSubstr("fingerprint"), HasSubstr("request-a"),
-                               HasSubstr("request-b")));
+  EXPECT_THAT(other.err,
+              AllOf(HasSubstr("fingerprint"), HasSubstr("request-a"), HasSubstr("request-b")));
   ProcessResult same = run_sh("k", counting("echo a"), {"--fingerprint", "request-a"});
   EXPECT_EQ(same.status, 0);
   EXPECT_EQ(same.out, "a\n");
@@ -466,7 +468,8 @@ TEST_P(CliStoreTest, PurgeHonoursItsLimit) {
   ASSERT_EQ(run_sh("b", "true", {"--ttl", "100ms"}).status, 0);
   if (GetParam().name == "redis") GTEST_SKIP() << "Redis expires records natively";
   // Wait until both expired (show reports it by the store's clock), then purge one.
-  ASSERT_TRUE(eventually([&] { return show("a")["expired"] == true && show("b")["expired"] == true; }));
+  ASSERT_TRUE(
+      eventually([&] { return show("a")["expired"] == true && show("b")["expired"] == true; }));
   ProcessResult one = idem({"purge", "--store", store_, "--limit", "1"});
   EXPECT_EQ(one.status, 0) << one.err;
   EXPECT_THAT(one.out, HasSubstr("purged 1 expired record "));
@@ -529,8 +532,8 @@ TEST_F(CliTest, BadDurationsExit64NamingTheOption) {
   };
   for (const Case& c : {Case{"--ttl", "5x"}, Case{"--lease", "0s"}, Case{"--wait", "soon"},
                         Case{"--ttl", "30"}, Case{"--lease", "400d"}, Case{"--grace", "-1s"}}) {
-    ProcessResult r = idem({"run", "--store", "memory:", "--key", "k", c.option, c.value, "--",
-                            "true"});
+    ProcessResult r =
+        idem({"run", "--store", "memory:", "--key", "k", c.option, c.value, "--", "true"});
     EXPECT_EQ(r.status, 64) << c.option << " " << c.value;
     EXPECT_THAT(r.err, HasSubstr(c.option)) << c.value;
   }
@@ -560,16 +563,16 @@ TEST_F(CliTest, MissingCommandExits64) {
 }
 
 TEST_F(CliTest, OversizedKeyExits64NamingIt) {
-  ProcessResult r = idem({"run", "--store", "memory:", "--key", std::string(1025, 'k'), "--",
-                          "true"});
+  ProcessResult r =
+      idem({"run", "--store", "memory:", "--key", std::string(1025, 'k'), "--", "true"});
   EXPECT_EQ(r.status, 64);
   EXPECT_THAT(r.err, AllOf(HasSubstr("--key"), HasSubstr("1024")));
 }
 
 TEST_F(CliTest, BadMaxOutputExits64NamingIt) {
   for (std::string value : {"lots", "65MiB"}) {
-    ProcessResult r = idem({"run", "--store", "memory:", "--key", "k", "--max-output", value,
-                            "--", "true"});
+    ProcessResult r =
+        idem({"run", "--store", "memory:", "--key", "k", "--max-output", value, "--", "true"});
     EXPECT_EQ(r.status, 64) << value;
     EXPECT_THAT(r.err, HasSubstr("--max-output")) << value;
   }
@@ -593,8 +596,8 @@ TEST_F(CliTest, UnreachableStoreExits69) {
   // A database "inside" a regular file can never be opened.
   std::ofstream(dir_ / "file").put('x');
   std::string url = "sqlite://" + (dir_ / "file") + "/idem.db";
-  ProcessResult r = idem({"run", "--store", url, "--key", "k", "--", "sh", "-c",
-                          counting("echo must not run")});
+  ProcessResult r =
+      idem({"run", "--store", url, "--key", "k", "--", "sh", "-c", counting("echo must not run")});
   EXPECT_EQ(r.status, 69);
   EXPECT_THAT(r.err, HasSubstr("idem.db"));
   EXPECT_EQ(runs(), 0);
@@ -627,10 +630,9 @@ TEST_F(CliTest, IdemStoreEnvironmentVariableChoosesTheStore) {
   EXPECT_TRUE(fs::exists(dir_.path() / "from-env.db"));
   EXPECT_FALSE(fs::exists(dir_.path() / "state" / "idem"));
   // --store wins over the variable.
-  ASSERT_EQ(idem({"run", "--store", "sqlite://" + (dir_ / "flag.db"), "--key", "k", "--",
-                  "true"})
-                .status,
-            0);
+  ASSERT_EQ(
+      idem({"run", "--store", "sqlite://" + (dir_ / "flag.db"), "--key", "k", "--", "true"}).status,
+      0);
   EXPECT_TRUE(fs::exists(dir_.path() / "flag.db"));
 }
 

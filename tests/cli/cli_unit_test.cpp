@@ -2,6 +2,8 @@
 // payload format, times, where the default store lives, the JSON of a record, and the child
 // process runner.
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,9 +16,6 @@
 #include <stop_token>
 #include <string>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "child.h"
 #include "common.h"
@@ -122,7 +121,9 @@ TEST(Payload, HeaderIsVersionedAndOutputFollowsByteForByte) {
   CommandResult r;
   r.output = std::string("a\0b\xff", 4);
   std::string bytes = encode_payload(r);
-  EXPECT_EQ(bytes, std::string("IDEM\x01\x00\x00\x00" "a\0b\xff", 12));
+  EXPECT_EQ(bytes, std::string("IDEM\x01\x00\x00\x00"
+                               "a\0b\xff",
+                               12));
   std::optional<CommandResult> back = decode_payload(bytes);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->output, r.output);
@@ -343,8 +344,8 @@ TEST_F(ChildTest, StopRequestTerminatesTheChild) {
     while (!std::filesystem::exists(started)) std::this_thread::sleep_for(5ms);
     stop.request_stop();
   });
-  ChildOutcome o = run("touch " + started + "; while :; do sleep 0.01; done", 100,
-                       stop.get_token());
+  ChildOutcome o =
+      run("touch " + started + "; while :; do sleep 0.01; done", 100, stop.get_token());
   EXPECT_TRUE(o.stopped);
   EXPECT_EQ(o.term_signal, SIGTERM);
   std::filesystem::remove_all(dir);
@@ -373,8 +374,8 @@ TEST_F(ChildTest, SignalsToIdemArePassedToTheChild) {
     while (!std::filesystem::exists(started)) std::this_thread::sleep_for(5ms);
     ::kill(::getpid(), SIGTERM);
   });
-  ChildOutcome o = run("trap 'echo got TERM; exit 5' TERM; touch " + started +
-                       "; while :; do sleep 0.01; done");
+  ChildOutcome o =
+      run("trap 'echo got TERM; exit 5' TERM; touch " + started + "; while :; do sleep 0.01; done");
   EXPECT_EQ(o.interrupted_by, SIGTERM);
   EXPECT_EQ(o.exit_code, 5);
   EXPECT_EQ(o.output, "got TERM\n");
