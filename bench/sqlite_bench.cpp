@@ -6,8 +6,8 @@
 //              (complete); COMMIT.
 //   replay:    one SELECT in autocommit.
 //
-// Each side has its own file with the same schema (created by the store), populated with
-// the same completed records first, synchronous=NORMAL, WAL.
+// Both sides use one file (schema created by the store, WAL, synchronous=NORMAL), populated
+// with completed records first, so they read and grow the very same table and index.
 
 #include <benchmark/benchmark.h>
 #include <sqlite3.h>
@@ -188,17 +188,15 @@ std::string make_populated_file(const std::filesystem::path& dir, const char* na
   return path;
 }
 
-// Two files side by side in a temporary directory, removed at exit.
+// The file, in a temporary directory removed at exit.
 struct Files {
   std::filesystem::path dir;
-  std::string store_path;
-  std::string raw_path;
+  std::string path;
   Files() {
     std::string pattern = (std::filesystem::temp_directory_path() / "idem-bench-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) abort();
     dir = pattern;
-    store_path = make_populated_file(dir, "store.db");
-    raw_path = make_populated_file(dir, "raw.db");
+    path = make_populated_file(dir, "bench.db");
   }
   ~Files() {
     std::error_code ec;
@@ -213,7 +211,7 @@ Files& files() {
 
 idem::Executor make_executor() {
   return idem::Executor(std::make_shared<idem::SqliteStore>(
-      idem::SqliteStoreOptions{.path = files().store_path, .synchronous = "normal"}));
+      idem::SqliteStoreOptions{.path = files().path, .synchronous = "normal"}));
 }
 
 std::string fresh_key() {
@@ -226,13 +224,13 @@ const std::string kResult = "a result of about the size of a small JSON reply: {
 // --- fresh runs: acquire + action + complete ---
 
 void BM_RawFreshRun(benchmark::State& state) {
-  Raw raw(files().raw_path);
+  Raw raw(files().path);
   for (auto _ : state) raw.fresh_run(fresh_key(), kResult);
   state.SetItemsProcessed(state.iterations());
 }
 
 void BM_StoreFreshRun(benchmark::State& state) {
-  idem::SqliteStore store(idem::SqliteStoreOptions{.path = files().store_path});
+  idem::SqliteStore store(idem::SqliteStoreOptions{.path = files().path});
   for (auto _ : state) {
     const std::string key = fresh_key();
     auto r = store.acquire(kScope, key, 30s, 24h);
@@ -257,7 +255,7 @@ void BM_ExecutorFreshRun(benchmark::State& state) {
 // --- replays of populated records ---
 
 void BM_RawReplay(benchmark::State& state) {
-  Raw raw(files().raw_path);
+  Raw raw(files().path);
   std::string payload;
   int i = 0;
   for (auto _ : state) {
@@ -268,7 +266,7 @@ void BM_RawReplay(benchmark::State& state) {
 }
 
 void BM_StoreReplay(benchmark::State& state) {
-  idem::SqliteStore store(idem::SqliteStoreOptions{.path = files().store_path});
+  idem::SqliteStore store(idem::SqliteStoreOptions{.path = files().path});
   int i = 0;
   for (auto _ : state) {
     auto r = store.acquire(kScope, populated_key(i++ % kPopulated), 30s, 24h);

@@ -68,11 +68,22 @@ std::int64_t Connection::query_int(const char* sql, std::string_view what) const
 }
 
 std::string Connection::query_text(const char* sql, std::string_view what) const {
-  Statement stmt = prepare(sql, "query");
-  const int rc = check(sqlite3_step(stmt.handle.get()), what);
-  if (rc != SQLITE_ROW) return {};
-  const auto* text = sqlite3_column_text(stmt.handle.get(), 0);
-  return text == nullptr ? std::string{} : std::string(reinterpret_cast<const char*>(text));
+  std::string out;
+  check(try_query_text(sql, out), what);
+  return out;
+}
+
+int Connection::try_query_text(const char* sql, std::string& out) const {
+  sqlite3_stmt* raw = nullptr;
+  const int prepared = sqlite3_prepare_v2(db_.get(), sql, -1, &raw, nullptr);
+  const StmtHandle stmt(raw);
+  if (prepared != SQLITE_OK) return prepared;
+  const int rc = sqlite3_step(raw);
+  if (rc == SQLITE_ROW) {
+    const auto* text = sqlite3_column_text(raw, 0);
+    out = text == nullptr ? std::string{} : std::string(reinterpret_cast<const char*>(text));
+  }
+  return rc == SQLITE_ROW ? SQLITE_DONE : rc;
 }
 
 Query::~Query() {

@@ -57,6 +57,10 @@ class Connection {
   std::int64_t query_int(const char* sql, std::string_view what) const;
   // Runs a statement returning one text value (PRAGMA journal_mode=WAL).
   std::string query_text(const char* sql, std::string_view what) const;
+  // The same without throwing: returns SQLite's result code and sets `out` on success.
+  int try_query_text(const char* sql, std::string& out) const;
+
+  Duration busy_timeout() const noexcept { return busy_timeout_; }
 
   bool in_transaction() const noexcept { return sqlite3_get_autocommit(db_.get()) == 0; }
 

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <climits>
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -201,6 +203,24 @@ struct PooledConnection {
     return false;
   }
 
+  // Switching a file to WAL needs it to itself for a moment, and SQLite answers SQLITE_BUSY
+  // at once rather than calling the busy handler when another process is reading it (as
+  // processes opening a new file together do). So wait here, up to the busy timeout.
+  std::string switch_to_wal() {
+    const auto give_up = std::chrono::steady_clock::now() + conn.busy_timeout();
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      std::string mode;
+      const int rc = conn.try_query_text("PRAGMA journal_mode = WAL", mode);
+      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= give_up) {
+        conn.check(rc, "cannot switch to the WAL journal");
+        return mode;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(20));
+    }
+  }
+
   // Checks the file is ours (or empty), switches it to WAL and creates the schema when
   // missing. A foreign or newer file is refused before anything is written to it.
   void prepare_file() {
@@ -212,8 +232,7 @@ struct PooledConnection {
     // Creating the schema needs no fsync per step; the connection's own setting follows.
     conn.exec("PRAGMA synchronous = NORMAL", "cannot set PRAGMA synchronous");
 
-    const std::string mode =
-        conn.query_text("PRAGMA journal_mode = WAL", "cannot switch to the WAL journal");
+    const std::string mode = switch_to_wal();
     if (mode != "wal") {
       throw StoreUnavailable(
           conn.store(),

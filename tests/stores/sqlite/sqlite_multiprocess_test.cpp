@@ -114,6 +114,14 @@ class Worker {
 
   void signal(int sig) { ASSERT_EQ(::kill(pid_, sig), 0); }
 
+  // Stops the worker with SIGSTOP and returns once it is stopped.
+  void stop() {
+    ASSERT_EQ(::kill(pid_, SIGSTOP), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid_, &status, WUNTRACED), pid_);
+    ASSERT_TRUE(WIFSTOPPED(status));
+  }
+
   // Waits for the worker to exit (bounded) and returns its exit status, or -1.
   int wait() {
     if (pid_ <= 0) return -1;
@@ -142,6 +150,27 @@ std::string url_of(const std::string& path) { return "sqlite://" + path; }
 void expect_integrity_ok(const std::string& path) {
   RawDb raw(path);
   EXPECT_EQ(raw.query_text("PRAGMA integrity_check"), "ok");
+}
+
+// Whether nobody holds the file's write lock right now.
+bool write_lock_free(const std::string& path) {
+  RawDb raw(path);
+  if (raw.exec("BEGIN IMMEDIATE", /*expect_ok=*/false) != SQLITE_OK) return false;
+  raw.exec("ROLLBACK");
+  return true;
+}
+
+// Stops `worker` at a moment when it does not hold the write lock: its heartbeat may be in
+// the middle of an extend, and a writer frozen inside its transaction would block every
+// other process until the busy timeout.
+void stop_outside_write(Worker& worker, const std::string& path) {
+  for (int i = 0; i < 100; ++i) {
+    worker.stop();
+    if (write_lock_free(path)) return;
+    worker.signal(SIGCONT);
+    std::this_thread::sleep_for(5ms);
+  }
+  FAIL() << "the worker always held the write lock";
 }
 
 // Waits until the store reports the lease on (scope, key) as expired by its own clock.
@@ -246,7 +275,7 @@ TEST(SqliteMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
   const Token first = std::stoull(acquired.substr(9));
 
   // Paused, its heartbeat stops too, so the lease runs out.
-  owner.signal(SIGSTOP);
+  stop_outside_write(owner, path);
   wait_for_lease_expiry(*store, "job");
 
   Worker thief({"run", url_of(path), "job", "new-owner", "5000", "30000"});

@@ -477,5 +477,30 @@ TEST(SqliteStoreThreads, ThreadsRacingOverKeysCompleteEachOnce) {
   EXPECT_EQ(raw.query_text("PRAGMA integrity_check"), "ok");
 }
 
+TEST(SqliteStoreThreads, StoresOpeningOneNewFileTogetherCreateItOnce) {
+  constexpr int kRounds = 5;
+  constexpr int kThreads = 6;
+  for (int round = 0; round < kRounds; ++round) {
+    const std::string path = fresh_db_path("together");
+    std::vector<std::shared_ptr<SqliteStore>> stores(kThreads);
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          stores[t] = make_store(path);
+        } catch (const std::exception& e) {
+          errors[t] = e.what();
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    RawDb raw(path);
+    EXPECT_EQ(raw.query_int("SELECT count(*) FROM idem_meta"), 1);
+    EXPECT_EQ(raw.query_text("PRAGMA journal_mode"), "wal");
+  }
+}
+
 }  // namespace
 }  // namespace idem
