@@ -221,9 +221,11 @@ Command add_bench_command(CLI::App& parent) {
       parent.add_subcommand(kName, "Measure throughput and latency of Executor::run() on a store");
   add_store_option(*app, args->store)->required();
   app->add_option("--ops", args->ops, "How many run() calls to measure")
+      ->type_name("N")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{100'000'000}));
   app->add_option("--concurrency", args->concurrency, "Threads calling run() at once")
+      ->type_name("C")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
   app->add_option("--mode", args->mode,
@@ -232,6 +234,7 @@ Command add_bench_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fresh", "replay", "mixed"}));
   app->add_option("--payload-bytes", args->payload_bytes, "Size of each stored result")
+      ->type_name("B")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{0}, kDefaultMaxPayloadBytes));
   app->add_flag("--json", args->json, "Print the figures as JSON");

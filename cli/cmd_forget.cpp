@@ -48,7 +48,7 @@ Command add_forget_command(CLI::App& parent) {
   auto args = std::make_shared<ForgetArgs>();
   CLI::App* app = parent.add_subcommand(
       kName, "Delete one record whatever its state, so the next run of the key runs again");
-  app->add_option("--key", args->key, "Idempotency key")->required();
+  app->add_option("--key", args->key, "Idempotency key")->required()->type_name("KEY");
   add_scope_option(*app, args->scope);
   add_store_option(*app, args->store);
   return Command{app, [args] { return forget(*args); }};

@@ -46,6 +46,7 @@ Command add_purge_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "purge", "Delete expired records (completed past their TTL, abandoned past lease and TTL)");
   app->add_option("--limit", args->limit, "Delete at most this many (default: all)")
+      ->type_name("N")
       ->check(CLI::PositiveNumber);
   add_store_option(*app, args->store);
   return Command{app, [args] { return purge(*args); }};

@@ -232,31 +232,38 @@ Command add_run_command(CLI::App& parent) {
       kName,
       "Run a command at most once per key: a duplicate within the TTL prints the stored output "
       "and exits 0 without running it");
-  app->add_option("--key", args->key, "Idempotency key")->required();
+  app->add_option("--key", args->key, "Idempotency key")->required()->type_name("KEY");
   add_scope_option(*app, args->scope);
   add_store_option(*app, args->store);
   app->add_option("--ttl", args->ttl, "How long a completed result is replayed")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("DURATION");
   app->add_option("--lease", args->lease,
                   "How long a run holds the key without a heartbeat (crash recovery time)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("DURATION");
   app->add_option("--wait", args->wait,
                   "How long a duplicate waits for a run in progress (0: exit 75 at once)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("DURATION");
   app->add_option("--grace", args->grace,
                   "After a lost lease, how long the command has between SIGTERM and SIGKILL")
-      ->capture_default_str();
-  args->fingerprint_option = app->add_option(
-      "--fingerprint", args->fingerprint,
-      "A digest of the request; the same key with a different fingerprint exits 65");
+      ->capture_default_str()
+      ->type_name("DURATION");
+  args->fingerprint_option =
+      app->add_option("--fingerprint", args->fingerprint,
+                      "A digest of the request; the same key with a different fingerprint exits 65")
+          ->type_name("F");
   app->add_option("--max-output", args->max_output,
                   "Largest standard output recorded, in bytes (or KiB, MiB); at most 64 MiB "
                   "less 8 bytes")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name("BYTES");
   app->add_flag("--status-only", args->status_only,
                 "Record only the exit status, not the output (a replay prints nothing)");
   app->add_flag("-v,--verbose", args->verbose, "Say on stderr what happened (ran, replayed)");
-  app->add_option("command", args->command, "The command and its arguments, after --");
+  app->add_option("command", args->command, "The command and its arguments, after --")
+      ->type_name("CMD");
   // Everything after the first positional argument belongs to the command, so
   // `idem run --key k ls -l` passes -l to ls.
   app->positionals_at_end();

@@ -57,7 +57,7 @@ Command add_show_command(CLI::App& parent) {
   auto args = std::make_shared<ShowArgs>();
   CLI::App* app = parent.add_subcommand(
       kName, "Print a record as JSON (exit 1 when there is none), or its stored output");
-  app->add_option("--key", args->key, "Idempotency key")->required();
+  app->add_option("--key", args->key, "Idempotency key")->required()->type_name("KEY");
   add_scope_option(*app, args->scope);
   add_store_option(*app, args->store);
   app->add_flag("--payload", args->payload,

@@ -23,8 +23,11 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "idem/open_store.h"
+#include "idem/store.h"
 #include "process.h"
 
 #ifndef IDEM_BINARY
@@ -372,6 +375,40 @@ TEST_P(CliStoreTest, CommandSeesItsLeaseInTheEnvironment) {
   Json record = show("the key");
   std::string token = std::to_string(record["token"].get<std::uint64_t>());
   EXPECT_EQ(r.out, scope_ + "|the key|" + token + "|1|0\n");
+}
+
+TEST_P(CliStoreTest, VerboseSaysWhetherTheCommandRanOrWasReplayed) {
+  ProcessResult ran = run_sh("k", "echo out", {"-v"});
+  EXPECT_EQ(ran.status, 0) << ran.err;
+  EXPECT_THAT(ran.err, AllOf(HasSubstr("running"), HasSubstr("attempt 1"), HasSubstr("recorded")));
+  ProcessResult replayed = run_sh("k", "echo out", {"--verbose"});
+  EXPECT_EQ(replayed.out, "out\n");
+  EXPECT_THAT(replayed.err, HasSubstr("did not run"));
+  ProcessResult failed = run_sh("other", "exit 4", {"-v"});
+  EXPECT_EQ(failed.status, 4);
+  EXPECT_THAT(failed.err, AllOf(HasSubstr("status 4"), HasSubstr("released")));
+  // Without -v, idem itself says nothing.
+  EXPECT_THAT(run_sh("k", "echo out").err, IsEmpty());
+}
+
+TEST_P(CliStoreTest, RecordWrittenByALibraryCallerIsNotReplayedAsOutput) {
+  // A library caller completed the key under the same scope with its own bytes.
+  std::shared_ptr<Store> store = open_store(store_);
+  AcquireResult acquired =
+      store->acquire(scope_, "k", std::chrono::seconds(30), std::chrono::hours(1));
+  ASSERT_TRUE(std::holds_alternative<Acquired>(acquired));
+  ASSERT_EQ(store->complete(scope_, "k", std::get<Acquired>(acquired).lease.token, "library bytes",
+                            std::chrono::hours(1)),
+            WriteResult::kDone);
+
+  ProcessResult r = run_sh("k", counting("echo must not run"));
+  EXPECT_EQ(r.status, 65);
+  EXPECT_THAT(r.err, HasSubstr("not written by `idem run`"));
+  EXPECT_THAT(r.out, IsEmpty());
+  EXPECT_EQ(runs(), 0);
+  Json record = show("k");
+  EXPECT_EQ(record["format"], nullptr);
+  EXPECT_EQ(idem(keyed("show", "k", {"--payload"})).out, "library bytes");
 }
 
 TEST_P(CliStoreTest, FingerprintMismatchExits65WithoutRunning) {
