@@ -1,7 +1,5 @@
 #include "idem/executor.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -21,6 +19,7 @@
 namespace idem {
 namespace {
 
+using detail::coarse_now;
 using detail::HeartbeatLease;
 using detail::SteadyClock;
 
@@ -68,20 +67,6 @@ struct IdHash {
         hash_bytes(hash_bytes(0x243f6a8885a308d3ULL, id.scope), id.key));
   }
 };
-
-// The monotonic clock as of the last timer tick: a few nanoseconds to read instead of a few
-// dozen. It is never ahead of SteadyClock::now() (same clock, coarser), so a local lease
-// deadline counted from it errs on the early, safe side.
-SteadyClock::time_point coarse_now() noexcept {
-#ifdef CLOCK_MONOTONIC_COARSE
-  timespec ts{};
-  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0) {
-    return SteadyClock::time_point(std::chrono::duration_cast<SteadyClock::duration>(
-        std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
-  }
-#endif
-  return SteadyClock::now();
-}
 
 enum class OwnerState {
   kRunning,    // the action is running

@@ -1,5 +1,7 @@
 #include "core/heartbeat.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -22,6 +24,17 @@ constexpr Duration kMinRetry{1};
 constexpr Duration kMaxRetry{1000};
 
 }  // namespace
+
+SteadyClock::time_point coarse_now() noexcept {
+#ifdef CLOCK_MONOTONIC_COARSE
+  timespec ts{};
+  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) == 0) {
+    return SteadyClock::time_point(std::chrono::duration_cast<SteadyClock::duration>(
+        std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+  }
+#endif
+  return SteadyClock::now();
+}
 
 void encode_lease_id(std::string& out, std::string_view scope, std::string_view key) {
   out.clear();
@@ -130,7 +143,7 @@ bool Heartbeat::beat(Item& item) {
   if (lease.removed_.load(std::memory_order_acquire)) return false;
   // SPEC §6: the new local deadline counts from when the extend was sent, plus the time left
   // that the store reports by its own clock.
-  const auto sent = SteadyClock::now();
+  const auto sent = coarse_now();
   try {
     const ExtendResult r = store_.extend(lease.scope(), lease.key(), lease.token_, lease.lease_);
     if (lease.removed_.load(std::memory_order_acquire)) return false;
