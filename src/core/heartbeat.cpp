@@ -16,7 +16,7 @@ constexpr std::size_t kBatch = 256;
 // A heap holding many removed leases is rebuilt once it is this much larger than twice the
 // live count; removal stays lock-free and the heap's size stays proportional to the live
 // leases.
-constexpr std::size_t kCompactSlack = 64;
+constexpr std::size_t kCompactSlack = 8;
 
 // After a failed extend the next try comes a quarter interval later, within these bounds,
 // and never after the local deadline.
