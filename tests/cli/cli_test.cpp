@@ -113,9 +113,11 @@ class CliTest : public ::testing::Test {
   }
 
   // A shell command that records each run in `counter`, marks that it started, waits for
-  // the gate file "go" (or for the test directory to disappear), then prints `output`.
+  // the gate file "go" (or for the test directory to disappear), then prints `output`. The
+  // "started" file appears complete, holding the shell's pid (written aside, then renamed).
   std::string gated(const std::string& output) {
-    return "echo run >> " + quote(dir_ / "counter") + "; echo $$ > " + quote(dir_ / "started") +
+    return "echo run >> " + quote(dir_ / "counter") + "; echo $$ > " + quote(dir_ / "started.tmp") +
+           " && mv " + quote(dir_ / "started.tmp") + " " + quote(dir_ / "started") +
            "; while [ ! -e " + quote(dir_ / "go") + " ]; do [ -d " + quote(dir_.path()) +
            " ] || exit 1; sleep 0.01; done; printf %s " + quote(output);
   }
