@@ -46,7 +46,7 @@ INSTANTIATE_TEST_SUITE_P(
                                              return std::make_shared<MemoryStore>();
                                            },
                                        .fake_clock = false,
-                                       .tick = Duration{50},
+                                       .tick = Duration{100},
                                        .stress_scale = 5}),
     ContextName{});
 
