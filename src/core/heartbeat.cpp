@@ -23,6 +23,9 @@ constexpr std::size_t kCompactSlack = 8;
 constexpr Duration kMinRetry{1};
 constexpr Duration kMaxRetry{1000};
 
+// Intervals at least this long are scheduled from the coarse clock.
+constexpr Duration kCoarseEnough{50};
+
 }  // namespace
 
 SteadyClock::time_point coarse_now() noexcept {
@@ -142,8 +145,9 @@ bool Heartbeat::beat(Item& item) {
   HeartbeatLease& lease = *item.lease;
   if (lease.removed_.load(std::memory_order_acquire)) return false;
   // SPEC §6: the new local deadline counts from when the extend was sent, plus the time left
-  // that the store reports by its own clock.
-  const auto sent = coarse_now();
+  // that the store reports by its own clock. The coarse clock (a few ms behind at most) is
+  // cheaper; very short intervals need the precise one, or every lease would look due.
+  const auto sent = lease.interval_ >= kCoarseEnough ? coarse_now() : SteadyClock::now();
   try {
     const ExtendResult r = store_.extend(lease.scope(), lease.key(), lease.token_, lease.lease_);
     if (lease.removed_.load(std::memory_order_acquire)) return false;
