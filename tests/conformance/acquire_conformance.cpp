@@ -136,6 +136,7 @@ TEST_P(StoreConformance, AcquireStealsExpiredLease) {
   EXPECT_EQ(rec.state, RecordState::kInProgress);
   EXPECT_EQ(rec.token, lease.token);
   EXPECT_EQ(rec.attempt, 2u);
+  expect_same_instant(rec.acquired_at, lease.acquired_at, "acquired_at is the steal's");
   expect_same_instant(rec.lease_expires_at, lease.lease_expires_at, "lease_expires_at");
   expect_same_instant(rec.expires_at, lease.expires_at, "expires_at");
 

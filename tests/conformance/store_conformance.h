@@ -38,7 +38,10 @@ struct StoreTestContext {
   // duration a multiple of `tick`.
   bool fake_clock = true;
   // One unit of test time for a store with a real clock. Every lease or TTL in the suite is
-  // a small multiple of it; make it comfortably larger than a store round trip.
+  // a small multiple of it; make it comfortably larger than a store round trip. A live lease
+  // is 100 ticks, and a stall of more than about 7 ticks inside the randomised test would
+  // break it, so do not go much below 100 ms. The whole suite sleeps about 190 ticks (38 s at
+  // 200 ms, spread over parallel ctest processes).
   Duration tick{200};
   // Multiplies the operation count of the randomised concurrent test. A fast store may
   // raise it; a store with slow writes may keep it at 1.
