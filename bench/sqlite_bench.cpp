@@ -28,6 +28,10 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kPopulated = 20'000;
+// Replays cycle over the most recently completed records: a duplicate usually arrives soon
+// after the original. This hot set fits SQLite's default page cache, so both sides measure
+// SQLite and idem rather than the kernel's read path (a cold read costs both the same).
+constexpr int kReplayed = 2'000;
 constexpr std::string_view kScope = "bench";
 
 std::int64_t now_ms() {
@@ -174,6 +178,7 @@ struct Raw {
 };
 
 std::string populated_key(int i) { return "key-" + std::to_string(i); }
+std::string replayed_key(int i) { return populated_key(kPopulated - kReplayed + i % kReplayed); }
 
 // Creates a store file with the schema and kPopulated completed records, so the statements
 // run against a realistic index rather than an empty table.
@@ -259,7 +264,7 @@ void BM_RawReplay(benchmark::State& state) {
   std::string payload;
   int i = 0;
   for (auto _ : state) {
-    if (!raw.read(populated_key(i++ % kPopulated), &payload)) abort();
+    if (!raw.read(replayed_key(i++), &payload)) abort();
     benchmark::DoNotOptimize(payload);
   }
   state.SetItemsProcessed(state.iterations());
@@ -269,7 +274,7 @@ void BM_StoreReplay(benchmark::State& state) {
   idem::SqliteStore store(idem::SqliteStoreOptions{.path = files().path});
   int i = 0;
   for (auto _ : state) {
-    auto r = store.acquire(kScope, populated_key(i++ % kPopulated), 30s, 24h);
+    auto r = store.acquire(kScope, replayed_key(i++), 30s, 24h);
     if (!std::holds_alternative<idem::Replay>(r)) abort();
     benchmark::DoNotOptimize(r);
   }
@@ -280,7 +285,7 @@ void BM_ExecutorReplay(benchmark::State& state) {
   idem::Executor exec = make_executor();
   int i = 0;
   for (auto _ : state) {
-    auto r = exec.run(kScope, populated_key(i++ % kPopulated),
+    auto r = exec.run(kScope, replayed_key(i++),
                       [](const idem::Attempt&) -> std::string { abort(); });
     if (!r.replayed) abort();
     benchmark::DoNotOptimize(r);

@@ -7,6 +7,7 @@
 #include <climits>
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -369,7 +370,12 @@ struct SqliteStore::Impl {
       if (c->conn.in_transaction()) return;
     }
     std::lock_guard lock(mu);
-    if (idle.size() < kMaxIdleConnections) idle.push_back(std::move(c));
+    if (idle.size() >= kMaxIdleConnections) return;
+    try {
+      idle.push_back(std::move(c));
+    } catch (const std::bad_alloc&) {
+      // Out of memory: close the connection instead of keeping it.
+    }
   }
 
   Timestamp now() const { return clock->now(); }
