@@ -39,14 +39,6 @@ SteadyClock::time_point coarse_now() noexcept {
   return SteadyClock::now();
 }
 
-void encode_lease_id(std::string& out, std::string_view scope, std::string_view key) {
-  out.clear();
-  out.reserve(1 + scope.size() + key.size());
-  out.push_back(static_cast<char>(static_cast<unsigned char>(scope.size())));
-  out.append(scope);
-  out.append(key);
-}
-
 HeartbeatLease::HeartbeatLease(std::string_view scope, std::string_view key, Token token,
                                Duration lease, Duration interval,
                                SteadyClock::time_point local_deadline, Timestamp lease_expires_at)
@@ -55,18 +47,12 @@ HeartbeatLease::HeartbeatLease(std::string_view scope, std::string_view key, Tok
       interval_(interval),
       local_deadline_(local_deadline.time_since_epoch().count()),
       lease_expires_at_ms_(lease_expires_at.time_since_epoch().count()) {
-  encode_lease_id(id_, scope, key);
+  encode_record_id(id_, scope, key);
 }
 
-std::string_view HeartbeatLease::scope() const noexcept {
-  const auto n = static_cast<unsigned char>(id_[0]);
-  return std::string_view(id_).substr(1, n);
-}
+std::string_view HeartbeatLease::scope() const noexcept { return record_id_scope(id_); }
 
-std::string_view HeartbeatLease::key() const noexcept {
-  const auto n = static_cast<unsigned char>(id_[0]);
-  return std::string_view(id_).substr(1 + std::size_t{n});
-}
+std::string_view HeartbeatLease::key() const noexcept { return record_id_key(id_); }
 
 SteadyClock::time_point HeartbeatLease::local_deadline() const noexcept {
   return SteadyClock::time_point(

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/record_id.h"
 #include "idem/store.h"
 #include "idem/types.h"
 
@@ -35,10 +36,6 @@ using SteadyClock = std::chrono::steady_clock;
 // dozen. Never ahead of SteadyClock::now() (the same clock, coarser), so a lease deadline
 // counted from it errs on the early, safe side.
 SteadyClock::time_point coarse_now() noexcept;
-
-// One byte for the scope's length (at most 255 bytes, SPEC §10), the scope, then the key.
-// Injective, so ("a:b","c") and ("a","b:c") never share an id.
-void encode_lease_id(std::string& out, std::string_view scope, std::string_view key);
 
 // One lease the heartbeat keeps alive. The owner creates it (it may live inside a larger
 // object: Heartbeat::add takes an aliasing shared_ptr), registers it with add() and
@@ -54,7 +51,7 @@ class HeartbeatLease {
   HeartbeatLease(const HeartbeatLease&) = delete;
   HeartbeatLease& operator=(const HeartbeatLease&) = delete;
 
-  // The encoded (scope, key), see encode_lease_id.
+  // The encoded (scope, key), see core/record_id.h.
   std::string_view id() const noexcept { return id_; }
   std::string_view scope() const noexcept;
   std::string_view key() const noexcept;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "support/eventually.h"
+
 namespace idem::cli::test {
 
 struct ProcessResult {
@@ -50,24 +52,7 @@ class Process {
 // Runs the process to its end (bounded as Process::finish).
 ProcessResult run_process(const std::vector<std::string>& argv, const EnvChanges& env);
 
-// Polls `condition` every 10 ms until it holds or `bound` passes; returns whether it held.
-template <typename F>
-bool eventually(F condition, std::chrono::seconds bound = std::chrono::seconds(30));
+using idem::testing::eventually;
 
 }  // namespace idem::cli::test
 
-#include <thread>
-
-namespace idem::cli::test {
-
-template <typename F>
-bool eventually(F condition, std::chrono::seconds bound) {
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
-
-}  // namespace idem::cli::test

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "conformance/matchers.h"
+#include "support/matchers.h"
 #include "conformance/store_conformance.h"
 
 namespace idem::testing {

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "conformance/matchers.h"
+#include "support/matchers.h"
 #include "conformance/store_conformance.h"
 #include "conformance/test_data.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "conformance/matchers.h"
+#include "support/matchers.h"
 #include "conformance/store_conformance.h"
 
 namespace idem::testing {

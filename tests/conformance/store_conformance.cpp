@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "conformance/matchers.h"
+#include "support/matchers.h"
 
 namespace idem::testing {
 

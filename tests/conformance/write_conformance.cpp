@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "conformance/matchers.h"
+#include "support/matchers.h"
 #include "conformance/store_conformance.h"
 
 namespace idem::testing {

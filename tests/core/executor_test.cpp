@@ -24,6 +24,7 @@
 
 #include "idem/clock.h"
 #include "idem/stores/memory_store.h"
+#include "support/eventually.h"
 #include "support/fault_store.h"
 #include "support/matchers.h"
 
@@ -37,25 +38,14 @@ using idem::ErrorCode;
 using idem::Executor;
 using idem::ExecutorOptions;
 using idem::WaitPolicy;
+using idem::testing::eventually;
 using idem::testing::FaultStore;
+using idem::testing::kEventually;
 using idem::testing::IsAcquired;
 using idem::testing::IsBusy;
 using idem::testing::Op;
 using idem::testing::ThrowsIdem;
 
-// Generous bound for waiting on an event that should happen within milliseconds; only a
-// broken implementation reaches it.
-constexpr auto kEventually = 20s;
-
-// Polls `done` until it holds or kEventually passes; returns whether it held.
-bool eventually(const std::function<bool()>& done) {
-  const auto give_up = std::chrono::steady_clock::now() + kEventually;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 // A one-shot signal between threads.
 class Gate {

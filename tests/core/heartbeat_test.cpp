@@ -18,6 +18,7 @@
 
 #include "idem/clock.h"
 #include "idem/stores/memory_store.h"
+#include "support/eventually.h"
 #include "support/fault_store.h"
 #include "support/matchers.h"
 
@@ -28,20 +29,12 @@ using idem::Duration;
 using idem::detail::Heartbeat;
 using idem::detail::HeartbeatLease;
 using idem::detail::SteadyClock;
+using idem::testing::eventually;
 using idem::testing::FaultStore;
+using idem::testing::kEventually;
 using idem::testing::IsAcquired;
 using idem::testing::Op;
 
-constexpr auto kEventually = 20s;
-
-bool eventually(const std::function<bool()>& done) {
-  const auto give_up = SteadyClock::now() + kEventually;
-  while (!done()) {
-    if (SteadyClock::now() > give_up) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 // Acquires (scope, key) and describes the lease as the executor would: the local deadline
 // counts from when the acquire was sent (SPEC §6).

@@ -17,6 +17,7 @@
 #include "idem/clock.h"
 #include "idem/error.h"
 #include "idem/stores/memory_store.h"
+#include "support/eventually.h"
 #include "support/fault_store.h"
 
 namespace {
@@ -24,19 +25,11 @@ namespace {
 using namespace std::chrono_literals;
 using idem::Purger;
 using idem::PurgerOptions;
+using idem::testing::eventually;
 using idem::testing::FaultStore;
+using idem::testing::kEventually;
 using idem::testing::Op;
 
-constexpr auto kEventually = 20s;
-
-bool eventually(const std::function<bool()>& done) {
-  const auto give_up = std::chrono::steady_clock::now() + kEventually;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 class PurgerTest : public ::testing::Test {
  protected:

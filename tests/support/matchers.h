@@ -1,27 +1,170 @@
 #pragma once
 
-// gMock matchers for store outcomes and idem errors (after abseil's status_matchers.h):
+// gMock matchers and printers for store outcomes (SPEC §4) and idem errors, so a test reads
+// as the contract (after abseil's status_matchers.h):
 //
-//   EXPECT_THAT(store.acquire(...), IsBusy());
+//   EXPECT_THAT(store.acquire(...), IsAcquired());
+//   EXPECT_THAT(store.acquire(...), IsReplay("payload"));
+//   EXPECT_THAT(store.complete(...), IsFenced());
 //   EXPECT_THAT([&] { exec.run(...); }, ThrowsIdem(idem::ErrorCode::kInProgress));
 
 #include <gmock/gmock.h>
 
+#include <cstdint>
 #include <exception>
-#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
 #include <variant>
 
 #include "idem/error.h"
 #include "idem/types.h"
 
-namespace idem::testing {
+namespace idem {
 
+namespace testing_detail {
+
+// Payloads can be many MiB; a failure message shows only their size and first bytes.
+inline std::string preview(std::string_view bytes) {
+  constexpr std::size_t kShown = 32;
+  std::string out = std::to_string(bytes.size()) + " bytes \"";
+  for (std::size_t i = 0; i < bytes.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xf]);
+    }
+  }
+  if (bytes.size() > kShown) out += "...";
+  return out + "\"";
+}
+
+inline std::string show(const std::optional<std::string>& fingerprint) {
+  return fingerprint ? preview(*fingerprint) : std::string("none");
+}
+
+inline long long ms(Timestamp t) { return static_cast<long long>(t.time_since_epoch().count()); }
+
+}  // namespace testing_detail
+
+// Printers found by argument-dependent lookup, so googletest shows outcomes readably.
+inline void PrintTo(const Lease& lease, std::ostream* os) {
+  *os << "Lease{token=" << lease.token << ", attempt=" << lease.attempt
+      << ", acquired_at=" << testing_detail::ms(lease.acquired_at)
+      << ", lease_expires_at=" << testing_detail::ms(lease.lease_expires_at)
+      << ", expires_at=" << testing_detail::ms(lease.expires_at)
+      << ", lease_remaining=" << lease.lease_remaining.count() << "ms}";
+}
+
+inline void PrintTo(const Acquired& a, std::ostream* os) {
+  *os << "Acquired{stolen=" << (a.stolen ? "true" : "false") << ", ";
+  PrintTo(a.lease, os);
+  *os << "}";
+}
+
+inline void PrintTo(const Busy& b, std::ostream* os) {
+  *os << "Busy{lease_expires_at=" << testing_detail::ms(b.lease_expires_at)
+      << ", lease_remaining=" << b.lease_remaining.count()
+      << "ms, fingerprint=" << testing_detail::show(b.fingerprint) << "}";
+}
+
+inline void PrintTo(const Replay& r, std::ostream* os) {
+  *os << "Replay{payload=" << testing_detail::preview(r.payload)
+      << ", completed_at=" << testing_detail::ms(r.completed_at)
+      << ", expires_at=" << testing_detail::ms(r.expires_at)
+      << ", fingerprint=" << testing_detail::show(r.fingerprint) << "}";
+}
+
+inline void PrintTo(const AcquireResult& r, std::ostream* os) {
+  std::visit([os](const auto& v) { PrintTo(v, os); }, r);
+}
+
+inline void PrintTo(WriteResult r, std::ostream* os) { *os << to_string(r); }
+
+inline void PrintTo(const ExtendResult& r, std::ostream* os) {
+  *os << "ExtendResult{" << to_string(r.result);
+  if (r.done()) {
+    *os << ", lease_expires_at=" << testing_detail::ms(r.lease_expires_at)
+        << ", lease_remaining=" << r.lease_remaining.count() << "ms";
+  }
+  *os << "}";
+}
+
+inline void PrintTo(const Record& r, std::ostream* os) {
+  *os << "Record{" << to_string(r.state) << ", token=" << r.token;
+  if (r.state == RecordState::kInProgress) {
+    *os << ", attempt=" << r.attempt << ", acquired_at=" << testing_detail::ms(r.acquired_at)
+        << ", lease_expires_at=" << testing_detail::ms(r.lease_expires_at);
+  } else {
+    *os << ", completed_at=" << testing_detail::ms(r.completed_at)
+        << ", payload=" << testing_detail::preview(r.payload);
+  }
+  *os << ", expires_at=" << testing_detail::ms(r.expires_at)
+      << ", fingerprint=" << testing_detail::show(r.fingerprint)
+      << ", now=" << testing_detail::ms(r.now) << "}";
+}
+
+namespace testing {
+
+// acquire granted a lease (fresh or stolen).
 MATCHER(IsAcquired, "is Acquired") { return std::holds_alternative<Acquired>(arg); }
+
+// acquire granted a first attempt on a key that was absent (SPEC §4: stolen=false,
+// attempt 1).
+MATCHER(IsFreshlyAcquired, "is Acquired with stolen=false and attempt 1") {
+  const auto* a = std::get_if<Acquired>(&arg);
+  return a != nullptr && !a->stolen && a->lease.attempt == 1;
+}
+
+// acquire stole an abandoned lease; `attempt` is the attempt number it must report.
+MATCHER_P(IsStolen, attempt,
+          "is Acquired with stolen=true and attempt " + ::testing::PrintToString(attempt)) {
+  const auto* a = std::get_if<Acquired>(&arg);
+  return a != nullptr && a->stolen && a->lease.attempt == static_cast<std::uint32_t>(attempt);
+}
+
 MATCHER(IsBusy, "is Busy") { return std::holds_alternative<Busy>(arg); }
+
 MATCHER(IsReplay, "is Replay") { return std::holds_alternative<Replay>(arg); }
-MATCHER_P(IsReplayOf, payload, "is a Replay of " + ::testing::PrintToString(payload)) {
+
+// A Replay whose payload is byte-exact `payload` (a failure shows only a preview).
+MATCHER_P(IsReplay, payload, "is Replay of " + testing_detail::preview(payload)) {
   const auto* r = std::get_if<Replay>(&arg);
-  return r != nullptr && r->payload == payload;
+  return r != nullptr && r->payload == std::string_view(payload);
+}
+
+// For WriteResult and ExtendResult alike.
+MATCHER(IsDone, "is done") {
+  if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, ExtendResult>) {
+    return arg.result == WriteResult::kDone;
+  } else {
+    return arg == WriteResult::kDone;
+  }
+}
+
+MATCHER(IsFenced, "is fenced") {
+  if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, ExtendResult>) {
+    return arg.result == WriteResult::kFenced;
+  } else {
+    return arg == WriteResult::kFenced;
+  }
+}
+
+// get() found an IN_PROGRESS record held by `token`.
+MATCHER_P(IsInProgressWith, token,
+          "is an IN_PROGRESS record with token " + ::testing::PrintToString(token)) {
+  return arg.has_value() && arg->state == RecordState::kInProgress && arg->token == token;
+}
+
+// get() found a COMPLETE record completed by `token`.
+MATCHER_P(IsCompleteWith, token,
+          "is a COMPLETE record with token " + ::testing::PrintToString(token)) {
+  return arg.has_value() && arg->state == RecordState::kComplete && arg->token == token;
 }
 
 // Matches a callable that throws an idem::Error with the given code.
@@ -39,4 +182,5 @@ MATCHER_P(ThrowsIdem, code, std::string("throws idem::Error with code ") + to_st
   return false;
 }
 
-}  // namespace idem::testing
+}  // namespace testing
+}  // namespace idem

@@ -8,21 +8,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/record_id.h"
 #include "idem/error.h"
 #include "idem/open_store.h"
 
 namespace idem {
 namespace {
-
-// The map key: one length byte for the scope (at most 255 bytes, SPEC §10), the scope, then
-// the key. Injective, so ("a:b","c") and ("a","b:c") never collide.
-void encode_id(std::string& out, std::string_view scope, std::string_view key) {
-  out.clear();
-  out.reserve(1 + scope.size() + key.size());
-  out.push_back(static_cast<char>(static_cast<unsigned char>(scope.size())));
-  out.append(scope);
-  out.append(key);
-}
 
 struct Entry {
   RecordState state = RecordState::kInProgress;
@@ -83,7 +74,7 @@ struct MemoryStore::Impl {
   };
   Locked lock(std::string_view scope, std::string_view key) {
     thread_local std::string id;
-    encode_id(id, scope, key);
+    detail::encode_record_id(id, scope, key);
     Shard& shard = shards[Hash{}(id) & mask];
     return Locked{std::unique_lock(shard.mu), shard, id};
   }

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "conformance/matchers.h"
+#include "support/matchers.h"
 #include "conformance/store_conformance.h"
 #include "idem/error.h"
 #include "idem/open_store.h"
