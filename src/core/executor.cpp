@@ -11,8 +11,8 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <variant>
+#include <vector>
 
 #include "core/heartbeat.h"
 
@@ -78,22 +78,26 @@ enum class OwnerState {
 // the owner table and wait on it in memory instead of polling the store (SPEC §7).
 struct InFlight {
   // An owner: this call holds the lease.
-  InFlight(std::string_view scope, std::string_view key, const Acquired& acquired, Duration lease,
-           Duration interval, SteadyClock::time_point local_deadline,
-           const std::optional<std::string>& fp)
+  InFlight(std::string_view scope, std::string_view key, std::size_t id_hash,
+           const Acquired& acquired, Duration lease, Duration interval,
+           SteadyClock::time_point local_deadline, const std::optional<std::string>& fp)
       : hb(scope, key, acquired.lease.token, lease, interval, local_deadline,
            acquired.lease.lease_expires_at),
+        hash(id_hash),
         fingerprint(fp) {}
   // A poller: another process holds the lease and this call polls the store on behalf of
   // every duplicate in this process (SPEC §7: they do not poll the store themselves).
-  InFlight(std::string_view scope, std::string_view key, const Busy& busy, Duration lease,
-           Duration interval, SteadyClock::time_point local_deadline)
+  InFlight(std::string_view scope, std::string_view key, std::size_t id_hash, const Busy& busy,
+           Duration lease, Duration interval, SteadyClock::time_point local_deadline)
       : hb(scope, key, 0, lease, interval, local_deadline, busy.lease_expires_at),
+        hash(id_hash),
         fingerprint(busy.fingerprint) {}
 
   // The heartbeat's view of the lease (an owner's is registered with the heartbeat; a
   // poller's only records the owner's deadline); it also owns the copy of (scope, key).
   HeartbeatLease hb;
+  // IdHash of (scope, key), compared before the strings when the table is searched.
+  const std::size_t hash;
   // The fingerprint stored with the record.
   const std::optional<std::string> fingerprint;
   // Duplicates that found this owner in the table and may still read its outcome.
@@ -106,13 +110,27 @@ struct InFlight {
   std::string payload;                      // guarded by mu
 
   IdView id() const { return IdView{hb.scope(), hb.key()}; }
+  bool is(const IdView& other, std::size_t other_hash) const {
+    return hash == other_hash && id() == other;
+  }
 };
 
+// A shard holds only the calls in flight whose key hashes to it, a handful at most in
+// practice, so a plain vector searched hash-first beats a hash map: listing and unlisting a
+// call allocate nothing once the vector has grown, and the search stays correct (if slower)
+// with thousands in flight.
 struct alignas(64) OwnerShard {
   std::mutex mu;
   // Lets a lookup skip the lock when the shard holds nobody, the common case.
   std::atomic<std::size_t> count{0};
-  std::unordered_map<IdView, std::shared_ptr<InFlight>, IdHash> owners;
+  std::vector<std::shared_ptr<InFlight>> owners;  // at most one per (scope, key)
+
+  std::shared_ptr<InFlight>* find(const IdView& id, std::size_t hash) {
+    for (auto& o : owners) {
+      if (o->is(id, hash)) return &o;
+    }
+    return nullptr;
+  }
 };
 
 // The options of one call: the executor's, overridden by the call's, validated.
@@ -279,8 +297,8 @@ class Executor::Impl {
       if (poller) {
         poller->hb.observe(owner_deadline, busy.lease_expires_at);
       } else {
-        auto candidate =
-            std::make_shared<InFlight>(scope, key, busy, call.lease, call.interval, owner_deadline);
+        auto candidate = std::make_shared<InFlight>(scope, key, hash, busy, call.lease,
+                                                    call.interval, owner_deadline);
         // Somebody in this process got in first: wait on them instead.
         if (!register_poller(candidate, hash)) continue;
         poller = std::move(candidate);
@@ -333,40 +351,52 @@ class Executor::Impl {
     OwnerShard& s = shard(hash);
     if (s.count.load(std::memory_order_acquire) == 0) return nullptr;
     std::lock_guard lock(s.mu);
-    auto it = s.owners.find(id);
-    if (it == s.owners.end() || it->second.get() == self) return nullptr;
-    it->second->waiters.fetch_add(1, std::memory_order_relaxed);
-    return it->second;
+    auto* found = s.find(id, hash);
+    if (found == nullptr || found->get() == self) return nullptr;
+    (*found)->waiters.fetch_add(1, std::memory_order_relaxed);
+    return *found;
   }
 
   // Lists a poller unless somebody is listed for the key already.
   bool register_poller(const std::shared_ptr<InFlight>& poller, std::size_t hash) const {
     OwnerShard& s = shard(hash);
     std::lock_guard lock(s.mu);
-    if (!s.owners.emplace(poller->id(), poller).second) return false;
+    if (s.find(poller->id(), hash) != nullptr) return false;
+    s.owners.push_back(poller);
     s.count.fetch_add(1, std::memory_order_release);
     return true;
   }
 
   void register_owner(const std::shared_ptr<InFlight>& owner, std::size_t hash) const {
     OwnerShard& s = shard(hash);
-    std::lock_guard lock(s.mu);
     // An earlier owner that released a moment ago, or this call's own poller, may still be
-    // listed; the table's key points into that entry's memory, so it is replaced whole.
-    if (s.owners.erase(owner->id()) == 0) s.count.fetch_add(1, std::memory_order_release);
-    s.owners.emplace(owner->id(), owner);
+    // listed: the new owner takes its place. The entry replaced is dropped after the lock.
+    std::shared_ptr<InFlight> replaced = owner;
+    std::lock_guard lock(s.mu);
+    if (auto* found = s.find(owner->id(), hash)) {
+      found->swap(replaced);
+    } else {
+      s.owners.push_back(std::move(replaced));
+      s.count.fetch_add(1, std::memory_order_release);
+    }
   }
 
   // Takes the owner off the table and hands its outcome to the duplicates waiting on it.
   void finish(InFlight& owner, std::size_t hash, OwnerState state,
               const std::string* payload) const {
+    // The table's reference is dropped after the lock; the caller holds its own.
+    std::shared_ptr<InFlight> unlisted;
     {
       OwnerShard& s = shard(hash);
       std::lock_guard lock(s.mu);
-      auto it = s.owners.find(owner.id());
-      if (it != s.owners.end() && it->second.get() == &owner) {
-        s.owners.erase(it);
+      auto& owners = s.owners;
+      for (std::size_t i = 0; i < owners.size(); ++i) {
+        if (owners[i].get() != &owner) continue;
+        unlisted = std::move(owners[i]);
+        if (i + 1 != owners.size()) owners[i] = std::move(owners.back());
+        owners.pop_back();
         s.count.fetch_sub(1, std::memory_order_release);
+        break;
       }
     }
     // Nobody can find the owner any more; every duplicate that did is counted.
@@ -438,8 +468,8 @@ class Executor::Impl {
     // SPEC §6: the local deadline is the send time plus the time left by the store's clock.
     const auto local_deadline =
         sent + std::chrono::duration_cast<SteadyClock::duration>(acquired.lease.lease_remaining);
-    auto owner = std::make_shared<InFlight>(id.scope, id.key, acquired, call.lease, call.interval,
-                                            local_deadline, call.fingerprint);
+    auto owner = std::make_shared<InFlight>(id.scope, id.key, hash, acquired, call.lease,
+                                            call.interval, local_deadline, call.fingerprint);
     std::string bytes;
     bool beating = false;
     try {

@@ -13,11 +13,6 @@ namespace {
 // lease added meanwhile with an earlier deadline waits for one batch at most.
 constexpr std::size_t kBatch = 256;
 
-// A heap holding many removed leases is rebuilt once it is this much larger than twice the
-// live count; removal stays lock-free and the heap's size stays proportional to the live
-// leases.
-constexpr std::size_t kCompactSlack = 8;
-
 // After a failed extend the next try comes a quarter interval later, within these bounds,
 // and never after the local deadline.
 constexpr Duration kMinRetry{1};
@@ -88,15 +83,15 @@ bool Heartbeat::started() const {
 }
 
 void Heartbeat::add(std::shared_ptr<HeartbeatLease> lease) {
-  const auto now = SteadyClock::now();
+  // The coarse clock serves long intervals, as in beat(): it is never ahead of the precise
+  // one, so the first extend can only come early.
+  const auto now = lease->interval_ >= kCoarseEnough ? coarse_now() : SteadyClock::now();
   const auto due = std::min(now + lease->interval_, lease->local_deadline());
   active_.fetch_add(1, std::memory_order_relaxed);
   bool wake = false;
   {
     std::lock_guard lock(mu_);
-    if (heap_.size() >= kCompactSlack && heap_.size() > 2 * active()) compact();
-    heap_.push_back(Item{due, std::move(lease)});
-    std::push_heap(heap_.begin(), heap_.end(), Later{});
+    push(Item{due, std::move(lease)});
     if (!thread_.joinable() && !stopping_) thread_ = std::thread([this] { loop(); });
     wake = due < wake_at_;
     if (wake) wake_at_ = due;
@@ -105,17 +100,67 @@ void Heartbeat::add(std::shared_ptr<HeartbeatLease> lease) {
 }
 
 void Heartbeat::remove(HeartbeatLease& lease) noexcept {
-  // The heap keeps its reference until the thread or a compaction drops it; nothing here
-  // waits for the thread, which may be inside a store call for any lease.
-  if (!lease.removed_.exchange(true, std::memory_order_acq_rel)) {
+  Item taken{};
+  {
+    std::lock_guard lock(mu_);
+    if (lease.removed_.load(std::memory_order_relaxed)) return;
+    lease.removed_.store(true, std::memory_order_release);
     active_.fetch_sub(1, std::memory_order_relaxed);
+    // A lease in the heap leaves it now. One being extended is not in the heap: the thread
+    // drops it when its store call returns, so nothing here waits on the store.
+    if (lease.slot_ < heap_.size()) taken = take(lease.slot_);
   }
+  // `taken` drops the heap's reference here, outside the lock; the owner usually still
+  // holds its own, so the lease is freed on the owner's thread.
 }
 
-void Heartbeat::compact() {
-  std::erase_if(
-      heap_, [](const Item& item) { return item.lease->removed_.load(std::memory_order_acquire); });
-  std::make_heap(heap_.begin(), heap_.end(), Later{});
+void Heartbeat::place(std::size_t slot, Item item) noexcept {
+  item.lease->slot_ = slot;
+  heap_[slot] = std::move(item);
+}
+
+void Heartbeat::sift_up(std::size_t slot, Item item) noexcept {
+  while (slot > 0) {
+    const std::size_t parent = (slot - 1) / 2;
+    if (!(item.due < heap_[parent].due)) break;
+    place(slot, std::move(heap_[parent]));
+    slot = parent;
+  }
+  place(slot, std::move(item));
+}
+
+void Heartbeat::sift_down(std::size_t slot, Item item) noexcept {
+  const std::size_t n = heap_.size();
+  for (;;) {
+    std::size_t child = 2 * slot + 1;
+    if (child >= n) break;
+    if (child + 1 < n && heap_[child + 1].due < heap_[child].due) ++child;
+    if (!(heap_[child].due < item.due)) break;
+    place(slot, std::move(heap_[child]));
+    slot = child;
+  }
+  place(slot, std::move(item));
+}
+
+void Heartbeat::push(Item item) {
+  heap_.emplace_back();
+  sift_up(heap_.size() - 1, std::move(item));
+}
+
+Heartbeat::Item Heartbeat::take(std::size_t slot) noexcept {
+  Item out = std::move(heap_[slot]);
+  Item last = std::move(heap_.back());
+  heap_.pop_back();
+  if (slot < heap_.size()) {
+    // The last item fills the hole and moves whichever way restores the order.
+    if (slot > 0 && last.due < heap_[(slot - 1) / 2].due) {
+      sift_up(slot, std::move(last));
+    } else {
+      sift_down(slot, std::move(last));
+    }
+  }
+  out.lease->slot_ = HeartbeatLease::kOff;
+  return out;
 }
 
 void Heartbeat::report(const std::exception& e) noexcept {
@@ -177,13 +222,10 @@ void Heartbeat::loop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     const auto now = SteadyClock::now();
-    while (!heap_.empty() && batch.size() < kBatch) {
-      Item& top = heap_.front();
-      const bool removed = top.lease->removed_.load(std::memory_order_acquire);
-      if (!removed && top.due > now) break;
-      std::pop_heap(heap_.begin(), heap_.end(), Later{});
-      if (!removed) batch.push_back(std::move(heap_.back()));
-      heap_.pop_back();
+    while (!heap_.empty() && batch.size() < kBatch && heap_.front().due <= now) {
+      Item item = take(0);
+      item.lease->slot_ = HeartbeatLease::kExtending;
+      batch.push_back(std::move(item));
     }
     if (batch.empty()) {
       if (heap_.empty()) {
@@ -199,16 +241,28 @@ void Heartbeat::loop() {
     wake_at_ = SteadyClock::time_point::min();
     lock.unlock();
     // Store calls happen without the lock, so add() and remove() never wait on the store.
-    for (Item& item : batch) {
-      if (!beat(item)) item.lease.reset();
-    }
+    // beat() returns false only for a lease that was removed or lost; both are checked
+    // again below, under the lock, since remove() may come at any moment.
+    for (Item& item : batch) (void)beat(item);
     lock.lock();
+    bool dropped = false;
     for (Item& item : batch) {
-      if (!item.lease || item.lease->removed_.load(std::memory_order_acquire)) continue;
-      heap_.push_back(std::move(item));
-      std::push_heap(heap_.begin(), heap_.end(), Later{});
+      HeartbeatLease& lease = *item.lease;
+      if (lease.removed_.load(std::memory_order_acquire) || lease.lost()) {
+        lease.slot_ = HeartbeatLease::kOff;
+        dropped = true;
+        continue;
+      }
+      push(std::move(item));
     }
-    batch.clear();
+    if (dropped) {
+      // The references to leases that left the schedule are dropped without the lock.
+      lock.unlock();
+      batch.clear();
+      lock.lock();
+    } else {
+      batch.clear();
+    }
   }
 }
 

@@ -4,7 +4,9 @@
 // alive by extending it on a schedule kept on the caller's steady clock. Shaped like the
 // LockWatcher of redis-plus-plus (patterns/redlock.h): a min-heap of deadlines, leases that
 // the owner can drop at any moment without waiting for the thread, and errors reported
-// through a callback instead of thrown across the thread boundary.
+// through a callback instead of thrown across the thread boundary. The heap is indexed
+// (each lease knows its slot), so removing a lease takes it out at once in O(log n) and the
+// heap only ever holds live leases.
 //
 // A lease is lost, and its stop token requested, when the store fences an extend, or when
 // extends keep failing with errors until the local view of the lease deadline has passed.
@@ -81,8 +83,14 @@ class HeartbeatLease {
   Duration lease_;
   Duration interval_;
   std::stop_source stop_;
-  // Set once by Heartbeat::remove; the thread drops the lease when it sees it.
+  // Set once by Heartbeat::remove (under the heartbeat's lock); a lease being extended when
+  // it is removed is dropped by the thread when the store call returns.
   std::atomic<bool> removed_{false};
+  // Where the heartbeat holds the lease: its slot in the heap, or one of the two values
+  // below. Guarded by the heartbeat's lock.
+  static constexpr std::size_t kOff = static_cast<std::size_t>(-1);
+  static constexpr std::size_t kExtending = static_cast<std::size_t>(-2);
+  std::size_t slot_ = kOff;
   std::atomic<SteadyClock::rep> local_deadline_;
   std::atomic<Duration::rep> lease_expires_at_ms_;
   std::atomic<std::uint64_t> extends_{0};
@@ -116,15 +124,17 @@ class Heartbeat {
     SteadyClock::time_point due;
     std::shared_ptr<HeartbeatLease> lease;
   };
-  struct Later {
-    bool operator()(const Item& a, const Item& b) const noexcept { return a.due > b.due; }
-  };
-
   void loop();
   // Extends one lease; returns false when the lease leaves the schedule (lost or removed).
   bool beat(Item& item);
   void report(const std::exception& e) noexcept;
-  void compact();
+  // The indexed heap's moves, guarded by mu_: every move records the item's new slot.
+  void place(std::size_t slot, Item item) noexcept;
+  void sift_up(std::size_t slot, Item item) noexcept;
+  void sift_down(std::size_t slot, Item item) noexcept;
+  void push(Item item);
+  // Takes the item at `slot` out of the heap and returns it.
+  Item take(std::size_t slot) noexcept;
 
   Store& store_;
   ErrorHandler on_error_;
@@ -132,7 +142,7 @@ class Heartbeat {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Item> heap_;  // a min-heap on `due`, guarded by mu_
+  std::vector<Item> heap_;  // a min-heap on `due`, guarded by mu_; only live leases
   // When the sleeping thread will next look at the heap; add() wakes it only for an
   // earlier deadline, so registering a lease rarely costs a wake-up.
   SteadyClock::time_point wake_at_ = SteadyClock::time_point::max();

@@ -31,10 +31,9 @@ using idem::detail::HeartbeatLease;
 using idem::detail::SteadyClock;
 using idem::testing::eventually;
 using idem::testing::FaultStore;
-using idem::testing::kEventually;
 using idem::testing::IsAcquired;
+using idem::testing::kEventually;
 using idem::testing::Op;
-
 
 // Acquires (scope, key) and describes the lease as the executor would: the local deadline
 // counts from when the acquire was sent (SPEC §6).
@@ -171,6 +170,78 @@ TEST(HeartbeatTest, RemovedLeaseIsNotExtendedAgain) {
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(faults->calls(Op::kExtend), calls);
   EXPECT_FALSE(lease->lost());
+}
+
+TEST(HeartbeatTest, RemoveDropsTheHeartbeatsReferenceAtOnce) {
+  // A lease that is not being extended leaves the schedule in remove() itself, so its
+  // owner's reference is the last one and the lease is freed on the owner's thread.
+  idem::MemoryStore store;
+  Heartbeat heartbeat(store, nullptr);
+  auto lease = acquire(store, "k", 1h, 20min);
+  heartbeat.add(lease);
+  EXPECT_EQ(lease.use_count(), 2);
+  heartbeat.remove(*lease);
+  EXPECT_EQ(lease.use_count(), 1);
+  heartbeat.remove(*lease);  // idempotent
+  EXPECT_EQ(heartbeat.active(), 0u);
+}
+
+TEST(HeartbeatTest, LeaseRemovedDuringItsExtendIsDroppedWhenTheStoreReturns) {
+  auto faults = std::make_shared<FaultStore>(std::make_shared<idem::MemoryStore>());
+  Heartbeat heartbeat(*faults, nullptr);
+  auto lease = acquire(*faults, "k", 10s, 20ms);
+  faults->pause(Op::kExtend);
+  heartbeat.add(lease);
+  ASSERT_TRUE(faults->wait_for_blocked(Op::kExtend, 1));
+  heartbeat.remove(*lease);
+  EXPECT_EQ(heartbeat.active(), 0u);
+  faults->resume(Op::kExtend);
+  EXPECT_TRUE(eventually([&] { return lease.use_count() == 1; }));
+  // Dropped, not rescheduled: no extend follows the one that was in flight.
+  const auto calls = faults->calls(Op::kExtend);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(faults->calls(Op::kExtend), calls);
+  EXPECT_FALSE(lease->lost());
+}
+
+TEST(HeartbeatTest, RemovingLeasesInAnyOrderKeepsTheOthersScheduled) {
+  // Leases leave the schedule from every position of the heap; those left keep their
+  // places: the short-interval ones keep being extended and none is lost.
+  idem::MemoryStore store;
+  Heartbeat heartbeat(store, nullptr);
+  std::vector<std::shared_ptr<HeartbeatLease>> kept;
+  std::vector<std::shared_ptr<HeartbeatLease>> gone;
+  for (int i = 0; i < 300; ++i) {
+    // Intervals from 30 ms to several minutes interleave short and long deadlines.
+    const Duration interval = i % 3 == 0 ? Duration(30 + i % 7) : Duration(60000 + 997 * i);
+    auto lease = acquire(store, "k" + std::to_string(i), interval * 3, interval);
+    heartbeat.add(lease);
+    (i % 2 == 0 ? kept : gone).push_back(std::move(lease));
+  }
+  // Remove in a scrambled but fixed order.
+  for (std::size_t i = 0; i < gone.size(); ++i) {
+    heartbeat.remove(*gone[(i * 67) % gone.size()]);
+  }
+  EXPECT_EQ(heartbeat.active(), kept.size());
+  // A lease removed while being extended is dropped when its store call returns.
+  EXPECT_TRUE(eventually([&] {
+    for (const auto& lease : gone) {
+      if (lease.use_count() != 1) return false;
+    }
+    return true;
+  }));
+  ASSERT_TRUE(eventually([&] {
+    for (const auto& lease : kept) {
+      if (lease->interval() < 1s && lease->extends() < 2) return false;
+    }
+    return true;
+  }));
+  for (const auto& lease : kept) {
+    EXPECT_FALSE(lease->lost());
+    EXPECT_TRUE(live_in_store(store, *lease));
+    heartbeat.remove(*lease);
+  }
+  EXPECT_EQ(heartbeat.active(), 0u);
 }
 
 TEST(HeartbeatTest, DestructorStopsPromptlyWithLeasesRegistered) {
