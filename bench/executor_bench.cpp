@@ -4,7 +4,8 @@
 //   replay:    Executor::run  vs  MemoryStore acquire
 // and the heartbeat's cost per lease.
 //
-//   build/release/bench/executor_bench --benchmark_repetitions=3
+//   build/release/bench/executor_bench --benchmark_repetitions=5
+//       --benchmark_enable_random_interleaving=true
 //       --benchmark_report_aggregates_only=true   (one command line)
 
 #include <benchmark/benchmark.h>
