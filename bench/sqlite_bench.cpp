@@ -22,6 +22,7 @@
 
 #include "idem/executor.h"
 #include "idem/stores/sqlite_store.h"
+#include "stores/sqlite/sqlite_sql.h"
 
 namespace {
 
@@ -59,7 +60,7 @@ struct Stmt {
   Stmt& operator=(const Stmt&) = delete;
 };
 
-// A raw connection with the very statements the store prepares.
+// A raw connection preparing the very statements the store prepares (sqlite_sql.h).
 struct Raw {
   sqlite3* db = nullptr;
   std::unique_ptr<Stmt> select, next_token, write_lease, complete, begin, commit;
@@ -69,27 +70,10 @@ struct Raw {
        "open");
     sqlite3_busy_timeout(db, 5000);
     ok(db, sqlite3_exec(db, "PRAGMA synchronous = NORMAL", nullptr, nullptr, nullptr), "sync");
-    select = std::make_unique<Stmt>(
-        db,
-        "SELECT state, token, attempt, acquired_at, lease_expires_at, completed_at, "
-        "expires_at, fingerprint, payload FROM idem_records WHERE scope = ?1 AND key = ?2");
-    next_token = std::make_unique<Stmt>(
-        db, "UPDATE idem_meta SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token");
-    write_lease = std::make_unique<Stmt>(
-        db,
-        "INSERT INTO idem_records (scope, key, state, token, attempt, acquired_at, "
-        "lease_expires_at, completed_at, expires_at, purge_after, fingerprint, payload) "
-        "VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6, 0, ?7, max(?6, ?7), ?8, NULL) "
-        "ON CONFLICT (scope, key) DO UPDATE SET state = 0, token = excluded.token, "
-        "attempt = excluded.attempt, acquired_at = excluded.acquired_at, "
-        "lease_expires_at = excluded.lease_expires_at, completed_at = 0, "
-        "expires_at = excluded.expires_at, purge_after = excluded.purge_after, "
-        "fingerprint = excluded.fingerprint, payload = NULL");
-    complete = std::make_unique<Stmt>(
-        db,
-        "UPDATE idem_records SET state = 1, payload = ?4, completed_at = ?5, expires_at = ?6, "
-        "purge_after = ?6, acquired_at = 0, lease_expires_at = 0 "
-        "WHERE scope = ?1 AND key = ?2 AND token = ?3 AND state = 0");
+    select = std::make_unique<Stmt>(db, idem::sqlite::kSqlSelectRecord);
+    next_token = std::make_unique<Stmt>(db, idem::sqlite::kSqlNextToken);
+    write_lease = std::make_unique<Stmt>(db, idem::sqlite::kSqlWriteLease);
+    complete = std::make_unique<Stmt>(db, idem::sqlite::kSqlComplete);
     begin = std::make_unique<Stmt>(db, "BEGIN IMMEDIATE");
     commit = std::make_unique<Stmt>(db, "COMMIT");
   }
