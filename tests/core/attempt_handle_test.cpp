@@ -27,6 +27,7 @@
 #include "support/eventually.h"
 #include "support/fault_store.h"
 #include "support/matchers.h"
+#include "support/store_fixtures.h"
 
 namespace {
 
@@ -48,21 +49,8 @@ using idem::testing::kEventually;
 using idem::testing::Op;
 using idem::testing::ThrowsIdem;
 
-// A store on a clock that moves only when told to.
-class AttemptHandleTest : public ::testing::Test {
- protected:
-  std::shared_ptr<idem::ManualClock> clock_ = std::make_shared<idem::ManualClock>();
-  std::shared_ptr<idem::MemoryStore> memory_ =
-      std::make_shared<idem::MemoryStore>(idem::MemoryStoreOptions{.clock = clock_});
-  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
-};
-
-// A store on the system clock, for the heartbeat to run against for real.
-class AttemptHandleRealTimeTest : public ::testing::Test {
- protected:
-  std::shared_ptr<idem::MemoryStore> memory_ = std::make_shared<idem::MemoryStore>();
-  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
-};
+class AttemptHandleTest : public idem::testing::ManualClockStoreTest {};
+class AttemptHandleRealTimeTest : public idem::testing::SystemClockStoreTest {};
 
 // begin() on a key expected to be free; fails the test otherwise.
 AttemptHandle<> acquire(Executor& exec, std::string_view scope, std::string_view key,
@@ -380,13 +368,20 @@ TEST_F(AttemptHandleTest, HandleKeepsItsLeaseThroughAShortStoreOutage) {
   EXPECT_THAT(memory_->get("s", "k"), IsCompleteWith(handle.token()));
 }
 
+// A handle whose extends fail until its lease is lost by the heartbeat's own clock; the
+// store then works again.
+AttemptHandle<> lose_to_an_outage(Executor& exec, FaultStore& store) {
+  AttemptHandle handle = acquire(exec, "s", "k");
+  store.fail_always(Op::kExtend);
+  EXPECT_TRUE(eventually([&] { return handle.lease_lost(); }));
+  EXPECT_TRUE(handle.stop_token().stop_requested());
+  store.fail_always(Op::kExtend, false);
+  return handle;
+}
+
 TEST_F(AttemptHandleTest, HandleLosesItsLeaseToALongOutageAndStillCompletesIfNobodyTookOver) {
   Executor exec(store_, ExecutorOptions{.lease = 300ms});
-  AttemptHandle handle = acquire(exec, "s", "k");
-  store_->fail_always(Op::kExtend);
-  ASSERT_TRUE(eventually([&] { return handle.lease_lost(); }));
-  EXPECT_TRUE(handle.stop_token().stop_requested());
-  store_->fail_always(Op::kExtend, false);
+  AttemptHandle handle = lose_to_an_outage(exec, *store_);
   // SPEC §4: nobody stole the lease, so the owner still holds the token and may complete.
   EXPECT_EQ(handle.complete("late but recorded").value, "late but recorded");
   EXPECT_THAT(memory_->get("s", "k"), IsCompleteWith(handle.token()));
@@ -394,13 +389,10 @@ TEST_F(AttemptHandleTest, HandleLosesItsLeaseToALongOutageAndStillCompletesIfNob
 
 TEST_F(AttemptHandleTest, HandleWhoseKeyWasTakenOverDuringAnOutageIsFencedAtComplete) {
   Executor exec(store_, ExecutorOptions{.lease = 300ms});
-  AttemptHandle handle = acquire(exec, "s", "k");
-  store_->fail_always(Op::kExtend);
-  ASSERT_TRUE(eventually([&] { return handle.lease_lost(); }));
+  AttemptHandle handle = lose_to_an_outage(exec, *store_);
   clock_->advance(1s);
   auto thief = memory_->acquire("s", "k", 60s, 1h);
   ASSERT_THAT(thief, idem::testing::IsStolen(2));
-  store_->fail_always(Op::kExtend, false);
   EXPECT_THAT([&] { (void)handle.complete("stale"); }, ThrowsIdem(ErrorCode::kLeaseLost));
   EXPECT_FALSE(handle.active());
   EXPECT_THAT(memory_->get("s", "k"),

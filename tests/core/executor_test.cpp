@@ -28,6 +28,7 @@
 #include "support/fault_store.h"
 #include "support/gate.h"
 #include "support/matchers.h"
+#include "support/store_fixtures.h"
 
 namespace {
 
@@ -70,21 +71,8 @@ std::size_t thread_count() {
   return n;
 }
 
-// The default: a store on a clock that moves only when told to.
-class ExecutorTest : public ::testing::Test {
- protected:
-  std::shared_ptr<idem::ManualClock> clock_ = std::make_shared<idem::ManualClock>();
-  std::shared_ptr<idem::MemoryStore> memory_ =
-      std::make_shared<idem::MemoryStore>(idem::MemoryStoreOptions{.clock = clock_});
-  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
-};
-
-// A store on the system clock, for the heartbeat to run against for real.
-class ExecutorRealTimeTest : public ::testing::Test {
- protected:
-  std::shared_ptr<idem::MemoryStore> memory_ = std::make_shared<idem::MemoryStore>();
-  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
-};
+class ExecutorTest : public idem::testing::ManualClockStoreTest {};
+class ExecutorRealTimeTest : public idem::testing::SystemClockStoreTest {};
 
 // Every test that applies runs in both forms of a call (issue 11): run(), and begin() with
 // the action run on a thread of its own that takes the handle over and ends it there, as a
