@@ -103,7 +103,6 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
   o.upstream_idle = duration_option("--upstream-idle", a.upstream_idle, false);
   o.drain_timeout = duration_option("--drain-timeout", a.drain_timeout, false);
   if (a.threads == 0) throw UsageError("--threads", "must be at least 1");
-  if (a.store_threads == 0) throw UsageError("--store-threads", "must be at least 1");
   if (a.max_connections == 0) throw UsageError("--max-connections", "must be at least 1");
   if (a.upstream_connections == 0) throw UsageError("--upstream-connections", "must be at least 1");
   o.io_threads = a.threads;
@@ -190,7 +189,7 @@ Command add_proxy_command(CLI::App& parent) {
       "On SIGTERM, how long requests in flight get to finish")
       ->type_name("DURATION");
   app->add_option("--threads", a->threads, "I/O threads")->capture_default_str()->type_name("N");
-  app->add_option("--store-threads", a->store_threads, "Threads making store calls")
+  app->add_option("--store-threads", a->store_threads, "Threads making store calls (0: the I/O threads make them)")
       ->capture_default_str()
       ->type_name("N");
   app->add_option("--max-connections", a->max_connections, "Most client connections at once")

@@ -295,8 +295,22 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- the executor, on the store pool ----
 
+  // Runs a store call: on the store pool, or inline on this I/O thread when the proxy runs
+  // with --store-threads 0.
+  template <typename F>
+  void on_store(F&& f) {
+    if (core_->options.store_threads == 0) return f();
+    asio::post(core_->store_pool, std::forward<F>(f));
+  }
+  // Comes back to the connection's strand after a store call.
+  template <typename F>
+  void back(F&& f) {
+    if (core_->options.store_threads == 0) return f();
+    asio::post(stream_.get_executor(), std::forward<F>(f));
+  }
+
   void begin() {
-    asio::post(core_->store_pool, [self = shared_from_this()] {
+    on_store([self = shared_from_this()] {
       BeginOutcome out;
       try {
         out.result.emplace(self->core_->executor.begin(self->scope_, self->key_,
@@ -320,9 +334,7 @@ class Session : public std::enable_shared_from_this<Session> {
         out.outcome = "error";
         out.error = problem(500, "internal-error", e.what());
       }
-      asio::post(self->stream_.get_executor(), [self, out = std::move(out)]() mutable {
-        self->on_begun(std::move(out));
-      });
+      self->back([self, out = std::move(out)]() mutable { self->on_begun(std::move(out)); });
     });
   }
 
@@ -441,8 +453,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void complete_and_answer(Response res, std::string bytes) {
-    asio::post(core_->store_pool, [self = shared_from_this(), res = std::move(res),
-                                   bytes = std::move(bytes)]() mutable {
+    on_store([self = shared_from_this(), res = std::move(res), bytes = std::move(bytes)]() mutable {
       std::string not_recorded;
       try {
         (void)self->handle_.complete(std::move(bytes));
@@ -456,23 +467,20 @@ class Session : public std::enable_shared_from_this<Session> {
         not_recorded = "error";
       }
       if (!not_recorded.empty()) res.set(kNotRecordedHeader, not_recorded);
-      asio::post(self->stream_.get_executor(),
-                 [self, res = std::move(res), not_recorded = std::move(not_recorded)]() mutable {
-                   self->outcome_ = not_recorded.empty() ? "recorded" : not_recorded;
-                   self->answer(std::move(res));
-                 });
+      self->back([self, res = std::move(res), not_recorded = std::move(not_recorded)]() mutable {
+        self->outcome_ = not_recorded.empty() ? "recorded" : not_recorded;
+        self->answer(std::move(res));
+      });
     });
   }
 
   void release_and_answer(Response res, std::string outcome) {
-    asio::post(core_->store_pool, [self = shared_from_this(), res = std::move(res),
-                                   outcome = std::move(outcome)]() mutable {
+    on_store([self = shared_from_this(), res = std::move(res), outcome = std::move(outcome)]() mutable {
       self->handle_.release();
-      asio::post(self->stream_.get_executor(),
-                 [self, res = std::move(res), outcome = std::move(outcome)]() mutable {
-                   self->outcome_ = std::move(outcome);
-                   self->answer(std::move(res));
-                 });
+      self->back([self, res = std::move(res), outcome = std::move(outcome)]() mutable {
+        self->outcome_ = std::move(outcome);
+        self->answer(std::move(res));
+      });
     });
   }
 
