@@ -1,5 +1,8 @@
 #include "options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cctype>
 #include <charconv>
 #include <stdexcept>
@@ -60,6 +63,11 @@ void for_each_item(std::string_view text, F&& f) {
 
 void parse_listen(std::string_view text, ProxyOptions& options) {
   auto [host, port] = split_host_port(text, "127.0.0.1:8080");
+  unsigned char address[sizeof(in6_addr)];
+  if (::inet_pton(AF_INET, host.c_str(), address) != 1 &&
+      ::inet_pton(AF_INET6, host.c_str(), address) != 1) {
+    throw std::invalid_argument("'" + host + "' is not an IPv4 or IPv6 address");
+  }
   options.listen_address = host;
   options.listen_port = parse_port(port, "--listen");
 }

@@ -38,14 +38,10 @@
 #include "identity.h"
 #include "messages.h"
 #include "record.h"
+#include "net.h"
 #include "upstream.h"
 
 namespace idem::proxy {
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
-using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
@@ -82,6 +78,32 @@ Duration jittered(Duration d) {
   thread_local std::minstd_rand rng{std::random_device{}()};
   std::uniform_int_distribution<std::int64_t> dist(d.count() / 2, d.count());
   return Duration{dist(rng)};
+}
+
+// The problem answer for an upstream exchange that failed (docs/proxy.md, "Every answer").
+struct FailureAnswer {
+  unsigned status;
+  const char* code;
+};
+
+FailureAnswer answer_for(UpstreamResult::Failure failure) {
+  using Failure = UpstreamResult::Failure;
+  switch (failure) {
+    case Failure::kTimeout:
+      return {504, "upstream-timeout"};
+    case Failure::kCancelled:
+      return {503, "shutting-down"};
+    case Failure::kConnect:
+      return {502, "upstream-unreachable"};
+    case Failure::kTooLarge:
+      return {502, "upstream-too-large"};
+    case Failure::kBadResponse:
+      return {502, "upstream-bad-response"};
+    case Failure::kBroken:
+    case Failure::kNone:
+      break;
+  }
+  return {502, "upstream-broken"};
 }
 
 // What a store call on the pool produced, handed back to the session's strand.
@@ -402,35 +424,12 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_upstream(UpstreamResult result) {
     upstream_call_.reset();
-    using Failure = UpstreamResult::Failure;
-    if (result.failure != Failure::kNone) {
-      Response res;
-      switch (result.failure) {
-        case Failure::kTimeout:
-          outcome_ = "upstream-timeout";
-          res = problem(504, "upstream-timeout", result.detail);
-          break;
-        case Failure::kCancelled:
-          outcome_ = "cancelled";
-          res = shutting_down();
-          break;
-        case Failure::kConnect:
-          outcome_ = "upstream-unreachable";
-          res = problem(502, "upstream-unreachable", result.detail);
-          break;
-        case Failure::kTooLarge:
-          outcome_ = "upstream-too-large";
-          res = problem(502, "upstream-too-large",
-                        result.detail + " of " +
-                            std::to_string(core_->options.max_response_body) + " bytes");
-          break;
-        case Failure::kBadResponse:
-        case Failure::kBroken:
-        case Failure::kNone:
-          outcome_ = "upstream-broken";
-          res = problem(502, "upstream-broken", result.detail);
-          break;
-      }
+    if (result.failure != UpstreamResult::Failure::kNone) {
+      const FailureAnswer failure = answer_for(result.failure);
+      outcome_ = failure.code;
+      Response res = result.failure == UpstreamResult::Failure::kCancelled
+                         ? shutting_down()
+                         : problem(failure.status, failure.code, result.detail);
       // SPEC §13: a timeout or a broken connection releases the record (no failed state).
       if (keyed_) return release_and_answer(std::move(res), outcome_);
       return answer(std::move(res));

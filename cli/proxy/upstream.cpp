@@ -1,3 +1,4 @@
+#include "net.h"
 #include "upstream.h"
 
 #include <sys/socket.h>
@@ -17,11 +18,6 @@
 #include <vector>
 
 namespace idem::proxy {
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
-using SteadyClock = std::chrono::steady_clock;
 using Failure = UpstreamResult::Failure;
 
 namespace {
@@ -176,7 +172,10 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
       return finish(Failure::kTimeout, "the upstream did not answer in time", false);
     }
     if (ec == http::error::body_limit) {
-      return finish(Failure::kTooLarge, "the upstream's answer is larger than the limit", false);
+      return finish(Failure::kTooLarge,
+                    "the upstream's answer is larger than the limit of " +
+                        std::to_string(pool_->options.max_response_body) + " bytes",
+                    false);
     }
     // A kept-alive connection the upstream closed just before our request arrived: nothing
     // was answered, so a request that may be repeated goes again on a fresh connection.

@@ -21,6 +21,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/spawn_attributes.h"
+
 #ifndef IDEM_BINARY
 #error "IDEM_BINARY is set by tests/proxy/CMakeLists.txt"
 #endif
@@ -91,20 +93,9 @@ Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
-  // Start as a shell would: no blocked signals, default dispositions (ctest may differ).
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  int rc = ::posix_spawn(&pid_, c_args[0], &actions, &attr, c_args.data(), environ);
+  idem::testing::ShellSpawnAttributes attr;
+  int rc = ::posix_spawn(&pid_, c_args[0], &actions, attr.get(), c_args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   if (rc != 0) throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
 }
 

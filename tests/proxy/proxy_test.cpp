@@ -61,6 +61,17 @@ class ProxyTest : public ::testing::Test {
   // A key no other test (or run, on a shared server) uses.
   std::string key(const std::string& name) const { return prefix_ + name; }
 
+  // Sends POST /pay with key `k` from a thread of its own, held in the upstream on the gate
+  // named `k`; returns once the upstream has it. `out` gets the answer when the gate opens
+  // (or whatever else ends the request).
+  std::thread send_gated(std::uint16_t port, const std::string& k, Reply& out) {
+    std::thread client([port, k, &out] {
+      out = request(port, "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+    });
+    if (!upstream_.wait_for(k, 1)) ADD_FAILURE() << "the request did not reach the upstream";
+    return client;
+  }
+
   std::optional<Record> record(const std::string& scope, const std::string& k) {
     return open_store(store_url())->get(scope, k);
   }
@@ -140,10 +151,7 @@ TEST_P(ProxyStoreTest, DuplicateInFlightGets409WithRetryAfter) {
   auto proxy = start_proxy({"--lease", "20s"});
   const std::string k = key("k");
   Reply first;
-  std::thread owner([&] {
-    first = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
-  });
-  ASSERT_TRUE(upstream_.wait_for(k, 1));
+  std::thread owner = send_gated(proxy->port(), k, first);
 
   Reply dup = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
   EXPECT_EQ(dup.status, 409u) << dup.error;
@@ -335,10 +343,7 @@ TEST_F(ProxyTest, UpstreamKilledMidRequestReleasesTheKey) {
   auto proxy = start_proxy();
   const std::string k = key("k");
   Reply first;
-  std::thread client([&] {
-    first = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
-  });
-  ASSERT_TRUE(upstream_.wait_for(k, 1));
+  std::thread client = send_gated(proxy->port(), k, first);
   upstream_.kill();
   client.join();
   EXPECT_EQ(first.status, 502u) << first.error;
@@ -581,10 +586,7 @@ TEST_F(ProxyTest, SigtermFinishesTheRequestInFlightAndStopsAccepting) {
   auto proxy = start_proxy();
   const std::string k = key("k");
   Reply first;
-  std::thread client([&] {
-    first = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
-  });
-  ASSERT_TRUE(upstream_.wait_for(k, 1));
+  std::thread client = send_gated(proxy->port(), k, first);
   proxy->signal(SIGTERM);
   ASSERT_TRUE(eventually([&] { return proxy->logged("SIGTERM: stopped accepting"); }));
   EXPECT_TRUE(refuses_connections(proxy->port()));
@@ -603,10 +605,7 @@ TEST_F(ProxyTest, SigtermReleasesWhatCannotFinishInTime) {
   auto proxy = start_proxy({"--drain-timeout", "300ms"});
   const std::string k = key("k");
   Reply first;
-  std::thread client([&] {
-    first = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
-  });
-  ASSERT_TRUE(upstream_.wait_for(k, 1));
+  std::thread client = send_gated(proxy->port(), k, first);
   proxy->signal(SIGTERM);
   client.join();
   EXPECT_EQ(first.status, 503u) << first.error;

@@ -276,7 +276,7 @@ TEST(Options, ListenAndUpstreamAddresses) {
   parse_upstream("http://localhost:3000/", o);
   EXPECT_EQ(o.upstream_host, "localhost");
   EXPECT_EQ(o.upstream_port, 3000);
-  for (const char* bad : {"8080", "host:99999", ":80"}) {
+  for (const char* bad : {"8080", "127.0.0.1:99999", ":80", "localhost:80"}) {
     EXPECT_THROW(parse_listen(bad, o), std::invalid_argument) << bad;
   }
   for (const char* bad : {"https://x:1", "x:1", "http://x:1/path", "http://x", "http://x:0"}) {
