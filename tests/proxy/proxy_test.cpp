@@ -392,6 +392,42 @@ TEST_F(ProxyTest, UpstreamTimeoutAnswers504AndReleases) {
   EXPECT_EQ(upstream_.executions_of(k), 2);
 }
 
+TEST_F(ProxyTest, LeaseLostWhileTheUpstreamWorksIsAnsweredUnrecorded) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply first;
+  std::thread client = send_gated(proxy->port(), k, first);
+  // An operator forgets the record while the upstream works: the proxy's lease is gone.
+  ASSERT_TRUE(open_store(store_url())->forget("POST /pay", k));
+  upstream_.open_gate(k);
+  client.join();
+  EXPECT_EQ(first.status, 200u) << first.error;
+  EXPECT_EQ(first.header("Idempotency-Not-Recorded"), std::string("lease-lost"));
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+}
+
+TEST_F(ProxyTest, AProxyThatDiedLeavesItsKeyToBeTakenOverWithAStolenAttempt) {
+  auto doomed = start_proxy({"--lease", "1s"}, "doomed");
+  auto survivor = start_proxy({"--wait", "60s"}, "survivor");
+  const std::string k = key("k");
+  Reply lost;
+  std::thread client = send_gated(doomed->port(), k, lost);
+  doomed->signal(SIGKILL);
+  client.join();
+  EXPECT_NE(lost.error, "");  // the client saw its connection die
+
+  // The retry waits out the dead proxy's lease, then takes the key over.
+  Reply retry = request(survivor->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u) << retry.error;
+  EXPECT_THAT(retry.body, AllOf(HasSubstr("attempt=2 "), HasSubstr("stolen=true ")));
+  std::optional<Record> stored = record("POST /pay", k);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->state, RecordState::kComplete);
+  EXPECT_THAT(retry.body, HasSubstr("token=" + std::to_string(stored->token) + " "));
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+  upstream_.open_gate(k);
+}
+
 // ---------------------------------------------------------------------------------------
 // Refusals.
 
