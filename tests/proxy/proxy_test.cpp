@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -48,6 +49,17 @@ class ProxyTest : public ::testing::Test {
     prefix_ = std::to_string(::getpid()) + "-" + info->name() + "-";
     for (char& c : prefix_) {
       if (c == '/') c = '.';
+    }
+  }
+
+  ~ProxyTest() override {
+    // A failing test shows what the proxies and the upstream said (a sanitizer's report
+    // included) before their directory goes.
+    if (!HasFailure()) return;
+    for (const auto& entry : fs::directory_iterator(dir_.path())) {
+      if (entry.path().extension() == ".err") {
+        std::cerr << "---- " << entry.path().filename().string() << "\n" << read_file(entry.path());
+      }
     }
   }
 
