@@ -9,7 +9,8 @@
 #
 # once with an upstream that answers at once and once with one that works DELAY_MS per
 # request, plus `idem bench` on the same kind of store for the store's own cost of a fresh
-# run (acquire + complete). Prints a Markdown table.
+# run (acquire + complete). Prints a Markdown table, with the CPU time the proxy and the
+# upstream spent per request (from /proc, so it holds on a busy machine too).
 #
 # Usage: bash bench/proxy_bench.sh [BUILD_DIR]   (default build/release, built with the
 #        targets idem_cli and idem_test_upstream)
@@ -38,27 +39,39 @@ cleanup() {
 trap cleanup EXIT
 
 "$upstream_bin" --port-file "$work/upstream.port" &
-pids+=($!)
+upstream_pid=$!
+pids+=($upstream_pid)
 for _ in $(seq 1 100); do [[ -s $work/upstream.port ]] && break; sleep 0.05; done
 up=$(cat "$work/upstream.port")
 
 "$idem" proxy --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" \
   --store "sqlite://$work/proxy.db" --threads "${PROXY_THREADS:-2}" \
   --store-threads "${STORE_THREADS:-4}" 2>"$work/proxy.err" &
-pids+=($!)
+proxy_pid=$!
+pids+=($proxy_pid)
 for _ in $(seq 1 100); do grep -q "listening on" "$work/proxy.err" 2>/dev/null && break; sleep 0.05; done
 px=$(grep -o 'listening on 127.0.0.1:[0-9]*' "$work/proxy.err" | cut -d: -f2)
 
-# Runs wrk; prints "requests/s p50 p99" (latencies in ms).
+# CPU time (user + system) a process has used, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# Runs wrk; prints "requests/s p50 p99 proxy-cpu upstream-cpu": latencies in ms, CPU in
+# microseconds per request (what each process spent, whatever else the machine runs).
 measure() {
   local url=$1 script=$2
-  local out
+  local out p0 u0 p1 u1
+  p0=$(cpu_ticks "$proxy_pid")
+  u0=$(cpu_ticks "$upstream_pid")
   out=$(wrk -t1 -c"$connections" -d"$duration" --latency -s "bench/proxy/$script" "$url")
-  local rps p50 p99
+  p1=$(cpu_ticks "$proxy_pid")
+  u1=$(cpu_ticks "$upstream_pid")
+  local rps p50 p99 requests
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
   p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
-  echo "$rps $(to_ms "$p50") $(to_ms "$p99")"
+  requests=$(awk '/requests in/ {print $1}' <<<"$out")
+  local tick_us=$((1000000 / $(getconf CLK_TCK)))
+  echo "$rps $(to_ms "$p50") $(to_ms "$p99") $(((p1 - p0) * tick_us / requests)) $(((u1 - u0) * tick_us / requests))"
 }
 to_ms() {
   awk -v v="$1" 'BEGIN {
@@ -69,15 +82,16 @@ to_ms() {
 }
 row() {
   local name=$1 base_rps=$2; shift 2
-  read -r rps p50 p99 <<<"$*"
-  printf '| %s | %s | %.0f | %.2f | %s | %s |\n' "$DELAY_MS" "$name" "$rps" \
-    "$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {print a / b}')" "$p50" "$p99"
+  read -r rps p50 p99 proxy_cpu upstream_cpu <<<"$*"
+  printf '| %s | %s | %.0f | %.2f | %s | %s | %s | %s |\n' "$DELAY_MS" "$name" "$rps" \
+    "$(awk -v a="$rps" -v b="$base_rps" 'BEGIN {print a / b}')" "$p50" "$p99" "$proxy_cpu" \
+    "$upstream_cpu"
 }
 
 echo "wrk -t1 -c$connections -d$duration; proxy --threads ${PROXY_THREADS:-2} --store-threads ${STORE_THREADS:-4}; SQLite store; $(nproc) cores"
 echo
-echo "| upstream work (ms) | path | requests/s | / direct | p50 (ms) | p99 (ms) |"
-echo "| --- | --- | --- | --- | --- | --- |"
+echo "| upstream work (ms) | path | requests/s | / direct | p50 (ms) | p99 (ms) | proxy CPU (µs/request) | upstream CPU (µs/request) |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 for DELAY_MS in $delays; do
   export DELAY_MS
   export RUN_ID="run$DELAY_MS-$RANDOM"
