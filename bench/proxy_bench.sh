@@ -117,5 +117,5 @@ for mode in fresh replay; do
     awk -v mode="$mode" '/"ops_per_s"/ {gsub(/,/, ""); rps = $2}
                          /"p50"/ {gsub(/,/, ""); p50 = $2}
                          /"p99"/ {gsub(/,/, ""); p99 = $2}
-                         END {printf "idem bench --mode %s (SQLite, 1 caller): %.0f/s, p50 %.3f ms, p99 %.3f ms\n", mode, rps, p50 / 1000, p99 / 1000}'
+                         END {printf "- `idem bench --mode %s` (SQLite, 1 caller): %.0f/s, p50 %.3f ms, p99 %.3f ms\n", mode, rps, p50 / 1000, p99 / 1000}'
 done
