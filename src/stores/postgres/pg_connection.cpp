@@ -246,6 +246,9 @@ Connection::Connection(const std::vector<std::pair<std::string, std::string>>& p
     wait_socket(st == PGRES_POLLING_WRITING, deadline, "connecting");
     st = PQconnectPoll(conn_.get());
   }
+  // A library prints nothing: the server's notices and warnings (e.g. "terminating
+  // connection due to immediate shutdown command") are dropped; failures arrive as errors.
+  PQsetNoticeReceiver(conn_.get(), [](void*, const PGresult*) {}, nullptr);
   // Never block in a send: a dead network must not outlast the deadline.
   if (PQsetnonblocking(conn_.get(), 1) != 0) {
     throw PgError(store_, "cannot connect: " + one_line(PQerrorMessage(conn_.get())), "");
