@@ -29,8 +29,8 @@ struct TableNames {
   std::string sequence() const { return quote(schema) + "." + quote(name + "_token_seq"); }
   // "name_purge_idx" (an index lives in its table's schema).
   std::string purge_index() const { return quote(name + "_purge_idx"); }
-  // schema.name as the user wrote it, for messages.
-  std::string display() const { return schema + "." + name; }
+  // schema.name, or name while the schema is not known yet, for messages.
+  std::string display() const { return schema.empty() ? name : schema + "." + name; }
 
   static std::string quote(const std::string& identifier) { return "\"" + identifier + "\""; }
 };
