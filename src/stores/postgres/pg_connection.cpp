@@ -81,10 +81,10 @@ namespace {
 
 // The binary array format (array_send): dimensions, a has-null flag, the element type, then
 // each element as a length and its bytes.
-std::string array_header(Oid element, std::size_t n) {
+std::string array_header(Oid element, std::size_t n, bool has_null = false) {
   std::string out;
   out += big_endian(1, 4);  // one dimension
-  out += big_endian(0, 4);  // no NULL elements
+  out += big_endian(has_null ? 1 : 0, 4);
   out += big_endian(element, 4);
   out += big_endian(n, 4);  // its length
   out += big_endian(1, 4);  // its lower bound
@@ -98,6 +98,22 @@ Params& Params::bytea_array(const std::vector<std::string_view>& v) {
   for (std::string_view e : v) {
     out += big_endian(e.size(), 4);
     out.append(e);
+  }
+  add(std::move(out), false, kByteaArrayOid);
+  return *this;
+}
+
+Params& Params::bytea_array(const std::vector<std::optional<std::string_view>>& v) {
+  bool has_null = false;
+  for (const auto& e : v) has_null = has_null || !e;
+  std::string out = array_header(kByteaOid, v.size(), has_null);
+  for (const auto& e : v) {
+    if (!e) {
+      out += big_endian(0xffffffffu, 4);  // -1: NULL
+      continue;
+    }
+    out += big_endian(e->size(), 4);
+    out.append(*e);
   }
   add(std::move(out), false, kByteaArrayOid);
   return *this;

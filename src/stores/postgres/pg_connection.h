@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,8 @@ class Params {
   Params& int8(std::int64_t v);
   // A one-dimensional bytea[] or int8[] in the server's binary array format.
   Params& bytea_array(const std::vector<std::string_view>& v);
+  // A bytea[] whose empty elements are NULL.
+  Params& bytea_array(const std::vector<std::optional<std::string_view>>& v);
   Params& int8_array(const std::vector<std::int64_t>& v);
 
   int size() const { return static_cast<int>(lengths_.size()); }

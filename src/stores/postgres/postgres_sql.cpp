@@ -91,6 +91,64 @@ SELECT {cols}, {now}, 0::smallint FROM won
 UNION ALL
 SELECT {cols}, {now}, 1::smallint FROM live)sql");
 
+  select_many = sql(R"sql(
+SELECT t.state, t.token, t.attempt, t.acquired_at, t.lease_expires_at, t.completed_at,
+       t.expires_at, t.fingerprint, t.payload, {now}, q.i
+FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS q(scope, key, i)
+JOIN {t} AS t ON t.scope = q.scope AND t.key = q.key)sql");
+
+  // acquire for many keys at once, with the same steps. `queue` holds the requests that
+  // found no live record in ascending order of their lock ids, and `turn` takes the locks
+  // in that order (a CTE is scanned in the order it was materialized), so two batches never
+  // wait for each other's locks in a cycle; `drawn` draws each key's token after its lock.
+  acquire_many = sql(R"sql(
+WITH req AS MATERIALIZED (
+  SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int8[], $5::bytea[], $6::int8[])
+    WITH ORDINALITY AS q(scope, key, lease, ttl, fingerprint, lock, i)),
+cur AS MATERIALIZED (
+  SELECT q.i, t.state, t.token, t.attempt, t.acquired_at, t.lease_expires_at, t.completed_at,
+         t.expires_at, t.fingerprint, t.payload
+  FROM req q JOIN {t} AS t ON t.scope = q.scope AND t.key = q.key),
+live AS MATERIALIZED (
+  SELECT * FROM cur WHERE {live}),
+queue AS MATERIALIZED (
+  SELECT * FROM req q WHERE NOT EXISTS (SELECT 1 FROM live WHERE live.i = q.i) ORDER BY lock),
+turn AS MATERIALIZED (
+  SELECT queue.*, pg_advisory_xact_lock(lock) FROM queue),
+drawn AS MATERIALIZED (
+  SELECT turn.*, nextval('{seq}') AS token FROM turn),
+won AS (
+  INSERT INTO {t} AS r (scope, key, state, token, attempt, acquired_at, lease_expires_at,
+                        completed_at, expires_at, purge_after, fingerprint, payload)
+  SELECT scope, key, 0, token, 1, {now}, {now} + lease {ms}, NULL, {now} + ttl {ms},
+         {now} + greatest(lease, ttl) {ms}, fingerprint, NULL
+  FROM drawn
+  ON CONFLICT (scope, key) DO UPDATE SET
+    state = 0, token = excluded.token,
+    attempt = CASE WHEN r.state = 0 THEN r.attempt + 1 ELSE 1 END,
+    acquired_at = excluded.acquired_at, lease_expires_at = excluded.lease_expires_at,
+    completed_at = NULL, expires_at = excluded.expires_at, purge_after = excluded.purge_after,
+    fingerprint = excluded.fingerprint, payload = NULL
+  WHERE CASE WHEN r.state = 1 THEN r.expires_at <= {now} ELSE r.lease_expires_at <= {now} END
+  RETURNING r.scope, r.key, r.state, r.token, r.attempt, r.acquired_at, r.lease_expires_at,
+            r.completed_at, r.expires_at, r.fingerprint, r.payload)
+SELECT w.state, w.token, w.attempt, w.acquired_at, w.lease_expires_at, w.completed_at,
+       w.expires_at, w.fingerprint, w.payload, {now}, 0::smallint, q.i
+FROM won w JOIN req q ON q.scope = w.scope AND q.key = w.key
+UNION ALL
+SELECT state, token, attempt, acquired_at, lease_expires_at, completed_at, expires_at,
+       fingerprint, payload, {now}, 1::smallint, i
+FROM live)sql");
+
+  complete_many = sql(R"sql(
+UPDATE {t} AS r SET state = 1, payload = b.payload, completed_at = {now},
+                    expires_at = {now} + b.ttl {ms}, purge_after = {now} + b.ttl {ms},
+                    acquired_at = NULL, lease_expires_at = NULL
+FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[], $5::int8[]) WITH ORDINALITY
+     AS b(scope, key, token, payload, ttl, i)
+WHERE r.scope = b.scope AND r.key = b.key AND r.token = b.token AND r.state = 0
+RETURNING b.i)sql");
+
   // SPEC §4: only the lease's token completes an IN_PROGRESS record, whatever its deadline.
   complete = sql(
       "UPDATE {t} SET state = 1, payload = $4, completed_at = {now}, expires_at = {now} + $5 {ms}, "

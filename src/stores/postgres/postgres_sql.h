@@ -50,6 +50,11 @@ enum Col {
   kColOutcome,         // acquire only: 0 the caller took the lease, 1 a live record was found
 };
 
+// The 1-based position of the request a row answers, in the *_many statements: the column
+// after kColNow (select_many) or after kColOutcome (acquire_many).
+inline constexpr int kColSelectPosition = kColOutcome;
+inline constexpr int kColAcquirePosition = kColOutcome + 1;
+
 inline constexpr int kStateInProgress = 0;
 inline constexpr int kStateComplete = 1;
 inline constexpr int kOutcomeWon = 0;
@@ -80,6 +85,18 @@ struct Sql {
   // 1-based position in the arrays, the new deadline and now. Commits with
   // synchronous_commit = off.
   std::string extend_many;
+  // Batches of concurrent callers (pg_batcher.h), arrays in the order of the requests:
+  //  select_many   $1 scopes, $2 keys: the select_record columns and the request's position
+  //                for each record found.
+  //  acquire_many  $1 scopes, $2 keys, $3 leases, $4 ttls, $5 fingerprints (NULL elements:
+  //                none), $6 advisory lock ids: acquire's columns and the position, one row
+  //                per request that took its lease or found a live record. The keys' locks
+  //                are taken in ascending order, every one before its key's token is drawn.
+  //  complete_many $1 scopes, $2 keys, $3 tokens, $4 payloads, $5 ttls: the position of
+  //                each request that completed its record.
+  std::string select_many;
+  std::string acquire_many;
+  std::string complete_many;
   // $1 limit. One row per record deleted. Commits with synchronous_commit = off.
   std::string purge;
   // $1 scope, $2 key. Affects one row when a record was deleted.

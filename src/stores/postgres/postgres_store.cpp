@@ -13,6 +13,7 @@
 
 #include "idem/error.h"
 #include "idem/open_store.h"
+#include "stores/postgres/pg_batcher.h"
 #include "stores/postgres/pg_connection.h"
 #include "stores/postgres/pg_pool.h"
 #include "stores/postgres/postgres_sql.h"
@@ -40,6 +41,18 @@ constexpr const char* kExtend = "idem_extend";
 constexpr const char* kExtendMany = "idem_extend_many";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kForget = "idem_forget";
+constexpr const char* kSelectMany = "idem_select_many";
+constexpr const char* kAcquireMany = "idem_acquire_many";
+constexpr const char* kCompleteMany = "idem_complete_many";
+
+// Requests per batched statement, and the largest payload a batched complete carries (a
+// larger one runs alone, so a batch's arrays stay small).
+constexpr std::size_t kMaxBatch = 64;
+constexpr std::size_t kMaxBatchedPayload = 64 * 1024;
+// Batches of one kind running at once. On the 2-core machine of docs/stores/postgres.md, 1
+// made the largest batches (best with synchronous_commit = off) and 4 overlapped the most
+// commits (best with it on); 2 is between.
+constexpr std::size_t kMaxBatchesInFlight = 2;
 
 // Records deleted per purge statement: each batch is one short transaction.
 constexpr std::size_t kPurgeBatch = 1000;
@@ -105,24 +118,95 @@ TableNames parse_table(const std::string& table) {
   return n;
 }
 
-std::optional<std::string> fingerprint_of(const Result& r, int row) {
-  if (r.is_null(row, postgres::kColFingerprint)) return std::nullopt;
-  return std::string(r.bytes(row, postgres::kColFingerprint));
+// One record as a statement returned it (select_record's columns, and acquire's outcome).
+struct Row {
+  int state = 0;
+  Token token = 0;
+  std::uint32_t attempt = 0;
+  Timestamp acquired_at{};
+  Timestamp lease_expires_at{};
+  Timestamp completed_at{};
+  Timestamp expires_at{};
+  std::optional<std::string> fingerprint;
+  std::string payload;
+  Timestamp now{};
+  int outcome = -1;  // acquire only
+};
+
+Row row_of(const Result& r, int row, bool with_outcome) {
+  Row out;
+  out.state = r.int2(row, postgres::kColState);
+  out.token = static_cast<Token>(r.int8(row, postgres::kColToken));
+  out.attempt = static_cast<std::uint32_t>(r.int4(row, postgres::kColAttempt));
+  out.expires_at = r.time(row, postgres::kColExpiresAt);
+  if (out.state == postgres::kStateComplete) {
+    out.completed_at = r.time(row, postgres::kColCompletedAt);
+    out.payload = std::string(r.bytes(row, postgres::kColPayload));
+  } else {
+    out.acquired_at = r.time(row, postgres::kColAcquiredAt);
+    out.lease_expires_at = r.time(row, postgres::kColLeaseExpiresAt);
+  }
+  if (!r.is_null(row, postgres::kColFingerprint)) {
+    out.fingerprint = std::string(r.bytes(row, postgres::kColFingerprint));
+  }
+  out.now = r.time(row, postgres::kColNow);
+  if (with_outcome) out.outcome = r.int2(row, postgres::kColOutcome);
+  return out;
 }
 
 // SPEC §4: a live record (COMPLETE and not expired, or IN_PROGRESS with a live lease)
 // answers acquire without a write. nullopt when the record is not live.
-std::optional<AcquireResult> live_answer(const Result& r, int row) {
-  const Timestamp now = r.time(row, postgres::kColNow);
-  const Timestamp expires_at = r.time(row, postgres::kColExpiresAt);
-  if (r.int2(row, postgres::kColState) == postgres::kStateComplete) {
-    if (expires_at <= now) return std::nullopt;
-    return Replay{std::string(r.bytes(row, postgres::kColPayload)),
-                  r.time(row, postgres::kColCompletedAt), expires_at, fingerprint_of(r, row)};
+std::optional<AcquireResult> live_answer(Row& r) {
+  if (r.state == postgres::kStateComplete) {
+    if (r.expires_at <= r.now) return std::nullopt;
+    return Replay{std::move(r.payload), r.completed_at, r.expires_at, std::move(r.fingerprint)};
   }
-  const Timestamp lease_expires_at = r.time(row, postgres::kColLeaseExpiresAt);
-  if (lease_expires_at <= now) return std::nullopt;
-  return Busy{lease_expires_at, lease_expires_at - now, fingerprint_of(r, row)};
+  if (r.lease_expires_at <= r.now) return std::nullopt;
+  return Busy{r.lease_expires_at, r.lease_expires_at - r.now, std::move(r.fingerprint)};
+}
+
+// The record a request is about, as one string: two requests for one record never share a
+// batch.
+std::string record_id(std::string_view scope, std::string_view key) {
+  std::string id = std::to_string(scope.size());
+  id += ':';
+  id.append(scope).append(key);
+  return id;
+}
+
+struct ReadRequest {
+  std::string_view scope;
+  std::string_view key;
+  std::string id;
+};
+
+struct AcquireRequest {
+  std::string_view scope;
+  std::string_view key;
+  Duration lease;
+  Duration ttl;
+  std::optional<std::string_view> fingerprint;
+  std::int64_t lock;
+  std::string id;
+};
+
+struct CompleteRequest {
+  std::string_view scope;
+  std::string_view key;
+  Token token;
+  std::string_view payload;
+  Duration ttl;
+  std::string id;
+};
+
+// nullopt: no record (reads), or a lost race to run again (acquires).
+using ReadBatcher = postgres::Batcher<ReadRequest, std::optional<Row>>;
+using AcquireBatcher = postgres::Batcher<AcquireRequest, std::optional<Row>>;
+using CompleteBatcher = postgres::Batcher<CompleteRequest, bool>;
+
+template <typename R>
+std::string_view id_of(const R& r) {
+  return r.id;
 }
 
 // The libpq parameters parsed from a connection string; only those given.
@@ -195,6 +279,9 @@ struct PostgresStore::Impl {
   Fnv1a table_hash;  // the start of every advisory lock id of this table
   std::unique_ptr<Pool> pool;
   std::atomic<int> absent_score{0};
+  ReadBatcher reads{kMaxBatch, kMaxBatchesInFlight, &id_of<ReadRequest>};
+  AcquireBatcher acquires{kMaxBatch, kMaxBatchesInFlight, &id_of<AcquireRequest>};
+  CompleteBatcher completes{kMaxBatch, kMaxBatchesInFlight, &id_of<CompleteRequest>};
 
   explicit Impl(PostgresStoreOptions o) : options(std::move(o)) {
     if (options.pool_size == 0) throw InvalidArgument("pool_size", "must be at least 1");
@@ -329,13 +416,25 @@ struct PostgresStore::Impl {
               {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kInt8ArrayOid}, deadline);
     c.prepare(kPurge, sql->purge, {kInt8Oid}, deadline);
     c.prepare(kForget, sql->forget, {kByteaOid, kByteaOid}, deadline);
+    c.prepare(kSelectMany, sql->select_many, {kByteaArrayOid, kByteaArrayOid}, deadline);
+    c.prepare(kAcquireMany, sql->acquire_many,
+              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kInt8ArrayOid, kByteaArrayOid,
+               kInt8ArrayOid},
+              deadline);
+    c.prepare(kCompleteMany, sql->complete_many,
+              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kByteaArrayOid, kInt8ArrayOid},
+              deadline);
   }
 
-  // Runs `body(connection, deadline)` on a pooled connection within the call's timeout,
-  // repeating it when the server rolled it back for a deadlock or serialization failure.
+  // Runs `body(connection, deadline)` on a pooled connection within `deadline` (by default
+  // the call's timeout from now), repeating it when the server rolled it back for a
+  // deadlock or serialization failure.
   template <typename F>
   auto with_connection(F&& body) {
-    const Deadline deadline = SteadyClock::now() + options.timeout;
+    return with_connection(SteadyClock::now() + options.timeout, std::forward<F>(body));
+  }
+  template <typename F>
+  auto with_connection(Deadline deadline, F&& body) {
     for (int attempt = 0;; ++attempt) {
       Pool::Lease c = pool->borrow(deadline);
       try {
@@ -344,6 +443,130 @@ struct PostgresStore::Impl {
         if (!e.rolled_back_conflict() || attempt >= kMaxConflictRetries) throw;
       }
     }
+  }
+
+  // --- the batches' runners (pg_batcher.h): a batch of one runs the single statement ---
+
+  void run_reads(const std::vector<ReadBatcher::Entry*>& batch, Deadline deadline) {
+    with_connection(deadline, [&](Connection& c, Deadline d) {
+      for (auto* e : batch) e->response = std::optional<Row>{};
+      Result r;
+      int position = -1;
+      if (batch.size() == 1) {
+        const ReadRequest& q = *batch[0]->request;
+        r = c.run(kSelectRecord, Params().bytes(q.scope).bytes(q.key), d);
+      } else {
+        std::vector<std::string_view> scopes, keys;
+        for (auto* e : batch) {
+          scopes.push_back(e->request->scope);
+          keys.push_back(e->request->key);
+        }
+        r = c.run(kSelectMany, Params().bytea_array(scopes).bytea_array(keys), d);
+        position = postgres::kColSelectPosition;
+      }
+      for (int row = 0; row < r.rows(); ++row) {
+        const std::size_t at = position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
+        if (at < batch.size()) batch[at]->response = row_of(r, row, /*with_outcome=*/false);
+      }
+    });
+  }
+
+  void run_acquires(const std::vector<AcquireBatcher::Entry*>& batch, Deadline deadline) {
+    with_connection(deadline, [&](Connection& c, Deadline d) {
+      for (auto* e : batch) e->response = std::optional<Row>{};
+      Result r;
+      int position = -1;
+      if (batch.size() == 1) {
+        const AcquireRequest& q = *batch[0]->request;
+        Params p;
+        p.bytes(q.scope).bytes(q.key).int8(q.lease.count()).int8(q.ttl.count());
+        if (q.fingerprint) {
+          p.bytes(*q.fingerprint);
+        } else {
+          p.null();
+        }
+        r = c.run(kAcquire, p.int8(q.lock), d);
+      } else {
+        std::vector<std::string_view> scopes, keys;
+        std::vector<std::optional<std::string_view>> fingerprints;
+        std::vector<std::int64_t> leases, ttls, locks;
+        for (auto* e : batch) {
+          const AcquireRequest& q = *e->request;
+          scopes.push_back(q.scope);
+          keys.push_back(q.key);
+          leases.push_back(q.lease.count());
+          ttls.push_back(q.ttl.count());
+          fingerprints.push_back(q.fingerprint);
+          locks.push_back(q.lock);
+        }
+        r = c.run(kAcquireMany,
+                  Params()
+                      .bytea_array(scopes)
+                      .bytea_array(keys)
+                      .int8_array(leases)
+                      .int8_array(ttls)
+                      .bytea_array(fingerprints)
+                      .int8_array(locks),
+                  d);
+        position = postgres::kColAcquirePosition;
+      }
+      for (int row = 0; row < r.rows(); ++row) {
+        const std::size_t at = position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
+        if (at < batch.size()) batch[at]->response = row_of(r, row, /*with_outcome=*/true);
+      }
+    });
+  }
+
+  void run_completes(const std::vector<CompleteBatcher::Entry*>& batch, Deadline deadline) {
+    with_connection(deadline, [&](Connection& c, Deadline d) {
+      for (auto* e : batch) e->response = false;
+      if (batch.size() == 1) {
+        const CompleteRequest& q = *batch[0]->request;
+        batch[0]->response = complete_one(c, q, d);
+        return;
+      }
+      std::vector<std::string_view> scopes, keys, payloads;
+      std::vector<std::int64_t> tokens, ttls;
+      for (auto* e : batch) {
+        const CompleteRequest& q = *e->request;
+        scopes.push_back(q.scope);
+        keys.push_back(q.key);
+        tokens.push_back(static_cast<std::int64_t>(q.token));
+        payloads.push_back(q.payload);
+        ttls.push_back(q.ttl.count());
+      }
+      Result r = c.run(kCompleteMany,
+                       Params()
+                           .bytea_array(scopes)
+                           .bytea_array(keys)
+                           .int8_array(tokens)
+                           .bytea_array(payloads)
+                           .int8_array(ttls),
+                       d);
+      for (int row = 0; row < r.rows(); ++row) {
+        const auto at = static_cast<std::size_t>(r.int8(row, 0) - 1);
+        if (at < batch.size()) batch[at]->response = true;
+      }
+    });
+  }
+
+  bool complete_one(Connection& c, const CompleteRequest& q, Deadline d) {
+    Result r = c.run(kComplete,
+                     Params()
+                         .bytes(q.scope)
+                         .bytes(q.key)
+                         .int8(static_cast<std::int64_t>(q.token))
+                         .bytes(q.payload)
+                         .int8(q.ttl.count()),
+                     d);
+    return r.affected() > 0;
+  }
+
+  // One record by (scope, key), read alone or in a batch with other callers' reads.
+  std::optional<Row> read(std::string_view scope, std::string_view key, Deadline deadline) {
+    const ReadRequest q{scope, key, record_id(scope, key)};
+    return reads.submit(q, deadline, describe, options.timeout,
+                        [&](const auto& batch) { run_reads(batch, deadline); });
   }
 
   std::int64_t lock_id(std::string_view scope, std::string_view key) const {
@@ -381,61 +604,57 @@ std::string PostgresStore::describe() const { return impl_->describe; }
 AcquireResult PostgresStore::do_acquire(std::string_view scope, std::string_view key,
                                         Duration lease, Duration ttl,
                                         std::optional<std::string_view> fingerprint) {
-  return impl_->with_connection([&](Connection& c, Deadline deadline) -> AcquireResult {
-    if (impl_->read_first()) {
-      // A replay or a busy key costs one read-only SELECT.
-      Result r = c.run(kSelectRecord, Params().bytes(scope).bytes(key), deadline);
-      if (r.rows() > 0) {
-        if (std::optional<AcquireResult> answer = live_answer(r, 0)) {
-          impl_->note(true);
-          return std::move(*answer);
-        }
+  Impl& s = *impl_;
+  const Deadline deadline = SteadyClock::now() + s.options.timeout;
+  if (s.read_first()) {
+    // A replay or a busy key costs one read-only SELECT.
+    if (std::optional<Row> found = s.read(scope, key, deadline)) {
+      if (std::optional<AcquireResult> answer = live_answer(*found)) {
+        s.note(true);
+        return std::move(*answer);
       }
     }
-    Params p;
-    p.bytes(scope).bytes(key).int8(lease.count()).int8(ttl.count());
-    if (fingerprint) {
-      p.bytes(*fingerprint);
-    } else {
-      p.null();
+  }
+  const AcquireRequest q{scope, key, lease, ttl, fingerprint, s.lock_id(scope, key),
+                         record_id(scope, key)};
+  for (int round = 0; round < kMaxAcquireRounds; ++round) {
+    std::optional<Row> r = s.acquires.submit(
+        q, deadline, s.describe, s.options.timeout,
+        [&](const auto& batch) { s.run_acquires(batch, deadline); });
+    if (!r) continue;  // another caller made the record live meanwhile: run it again
+    if (r->outcome == postgres::kOutcomeLive) {
+      s.note(true);
+      if (std::optional<AcquireResult> answer = live_answer(*r)) return std::move(*answer);
+      continue;  // cannot happen: the statement returns only live records
     }
-    p.int8(impl_->lock_id(scope, key));
-    for (int round = 0; round < kMaxAcquireRounds; ++round) {
-      Result r = c.run(kAcquire, p, deadline);
-      if (r.rows() == 0) continue;  // another caller made the record live meanwhile
-      if (r.int2(0, postgres::kColOutcome) == postgres::kOutcomeLive) {
-        impl_->note(true);
-        std::optional<AcquireResult> answer = live_answer(r, 0);
-        if (answer) return std::move(*answer);
-        continue;  // cannot happen: the statement returns only live records
-      }
-      impl_->note(false);
-      const auto attempt = static_cast<std::uint32_t>(r.int4(0, postgres::kColAttempt));
-      const Timestamp now = r.time(0, postgres::kColNow);
-      const Timestamp lease_expires_at = r.time(0, postgres::kColLeaseExpiresAt);
-      return Acquired{Lease{static_cast<Token>(r.int8(0, postgres::kColToken)),
-                            r.time(0, postgres::kColAcquiredAt), lease_expires_at,
-                            r.time(0, postgres::kColExpiresAt), lease_expires_at - now, attempt},
-                      /*stolen=*/attempt > 1};
-    }
-    throw StoreUnavailable(impl_->describe, "acquire found the record changed by other callers " +
-                                                std::to_string(kMaxAcquireRounds) +
-                                                " times in a row");
-  });
+    s.note(false);
+    return Acquired{Lease{r->token, r->acquired_at, r->lease_expires_at, r->expires_at,
+                          r->lease_expires_at - r->now, r->attempt},
+                    /*stolen=*/r->attempt > 1};
+  }
+  throw StoreUnavailable(s.describe, "acquire found the record changed by other callers " +
+                                         std::to_string(kMaxAcquireRounds) + " times in a row");
 }
 
 WriteResult PostgresStore::do_complete(std::string_view scope, std::string_view key, Token token,
                                        std::string_view payload, Duration ttl) {
-  return impl_->with_connection([&](Connection& c, Deadline deadline) {
-    const auto tok = static_cast<std::int64_t>(token);
-    Result r = c.run(
-        kComplete, Params().bytes(scope).bytes(key).int8(tok).bytes(payload).int8(ttl.count()),
-        deadline);
-    if (r.affected() > 0) return WriteResult::kDone;
-    // SPEC §4: a complete repeated with the token that completed the record succeeds and
-    // changes nothing (a caller whose reply was lost retries).
-    Result q = c.run(kCompletedBy, Params().bytes(scope).bytes(key).int8(tok), deadline);
-    return q.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
+  Impl& s = *impl_;
+  const Deadline deadline = SteadyClock::now() + s.options.timeout;
+  const CompleteRequest q{scope, key, token, payload, ttl, record_id(scope, key)};
+  const bool done =
+      payload.size() > kMaxBatchedPayload
+          ? s.with_connection(deadline, [&](Connection& c, Deadline d) {
+              return s.complete_one(c, q, d);
+            })
+          : s.completes.submit(q, deadline, s.describe, s.options.timeout,
+                               [&](const auto& batch) { s.run_completes(batch, deadline); });
+  if (done) return WriteResult::kDone;
+  // SPEC §4: a complete repeated with the token that completed the record succeeds and
+  // changes nothing (a caller whose reply was lost retries).
+  return s.with_connection(deadline, [&](Connection& c, Deadline d) {
+    Result r = c.run(kCompletedBy,
+                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)), d);
+    return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
   });
 }
 
@@ -525,26 +744,25 @@ std::size_t PostgresStore::do_purge(std::size_t limit) {
 }
 
 std::optional<Record> PostgresStore::do_get(std::string_view scope, std::string_view key) {
-  return impl_->with_connection([&](Connection& c, Deadline deadline) -> std::optional<Record> {
-    Result r = c.run(kSelectRecord, Params().bytes(scope).bytes(key), deadline);
-    if (r.rows() == 0) return std::nullopt;
-    Record rec;
-    const bool complete = r.int2(0, postgres::kColState) == postgres::kStateComplete;
-    rec.state = complete ? RecordState::kComplete : RecordState::kInProgress;
-    rec.token = static_cast<Token>(r.int8(0, postgres::kColToken));
-    if (complete) {
-      rec.completed_at = r.time(0, postgres::kColCompletedAt);
-      rec.payload = std::string(r.bytes(0, postgres::kColPayload));
-    } else {
-      rec.attempt = static_cast<std::uint32_t>(r.int4(0, postgres::kColAttempt));
-      rec.acquired_at = r.time(0, postgres::kColAcquiredAt);
-      rec.lease_expires_at = r.time(0, postgres::kColLeaseExpiresAt);
-    }
-    rec.expires_at = r.time(0, postgres::kColExpiresAt);
-    rec.fingerprint = fingerprint_of(r, 0);
-    rec.now = r.time(0, postgres::kColNow);
-    return rec;
-  });
+  std::optional<Row> r =
+      impl_->read(scope, key, SteadyClock::now() + impl_->options.timeout);
+  if (!r) return std::nullopt;
+  Record rec;
+  const bool complete = r->state == postgres::kStateComplete;
+  rec.state = complete ? RecordState::kComplete : RecordState::kInProgress;
+  rec.token = r->token;
+  if (complete) {
+    rec.completed_at = r->completed_at;
+    rec.payload = std::move(r->payload);
+  } else {
+    rec.attempt = r->attempt;
+    rec.acquired_at = r->acquired_at;
+    rec.lease_expires_at = r->lease_expires_at;
+  }
+  rec.expires_at = r->expires_at;
+  rec.fingerprint = std::move(r->fingerprint);
+  rec.now = r->now;
+  return rec;
 }
 
 bool PostgresStore::do_forget(std::string_view scope, std::string_view key) {
