@@ -15,12 +15,17 @@
 
 #include <chrono>
 #include <fstream>
+#include <cstdio>
 #include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "idem/store.h"
 
 #ifndef IDEM_STORE_WORKER
 #error "IDEM_STORE_WORKER is set by the test's CMakeLists.txt"
@@ -147,6 +152,25 @@ class Worker {
   std::string buffer_;
 };
 
+// Waits until the store reports the lease on (scope, key) as passed by its own clock.
+inline void wait_for_lease_expiry(Store& store, std::string_view scope, std::string_view key) {
+  for (int i = 0; i < kWorkerTimeoutMs / 20; ++i) {
+    std::optional<Record> r = store.get(scope, key);
+    ASSERT_TRUE(r.has_value());
+    ASSERT_EQ(r->state, RecordState::kInProgress);
+    if (r->lease_expires_at <= r->now) return;
+    std::this_thread::sleep_for(20ms);
+  }
+  FAIL() << "the lease never expired";
+}
+
+// Runs `workers` "race" workers on the store at `url` over `keys` overlapping keys, started
+// together, each writing its outcomes to `<output_prefix><n>`; checks that each exited with
+// 0, that every key ran exactly once and that every other worker replayed that run's
+// payload (check_race_outputs). Returns key -> the payload of its run.
+inline std::map<std::string, std::string> run_race(const std::string& url, int workers, int keys,
+                                                   const std::string& output_prefix);
+
 // Reads the files the "race" workers wrote and checks that every key ran exactly once and
 // every other worker replayed that run's payload. Returns key -> the payload of its run.
 inline std::map<std::string, std::string> check_race_outputs(
@@ -182,6 +206,27 @@ inline std::map<std::string, std::string> check_race_outputs(
     out[key] = payloads[0];
   }
   return out;
+}
+
+inline std::map<std::string, std::string> run_race(const std::string& url, int workers, int keys,
+                                                   const std::string& output_prefix) {
+  const long long start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count() +
+                             500;
+  std::vector<std::unique_ptr<Worker>> running;
+  std::vector<std::string> outputs;
+  for (int w = 0; w < workers; ++w) {
+    outputs.push_back(output_prefix + std::to_string(w));
+    // The workers also race to create the store's file or table.
+    running.push_back(std::make_unique<Worker>(
+        std::vector<std::string>{"race", url, std::to_string(w), std::to_string(keys),
+                                 std::to_string(start_ms), outputs.back()}));
+  }
+  for (auto& w : running) EXPECT_EQ(w->wait(), 0);
+  std::map<std::string, std::string> ran = check_race_outputs(outputs, keys);
+  for (const std::string& f : outputs) std::remove(f.c_str());
+  return ran;
 }
 
 }  // namespace idem::testing

@@ -29,6 +29,17 @@ constexpr const char* kMs = "* interval '1 millisecond'";
 // records). Evaluated in RETURNING, so only for statements that changed a row.
 constexpr const char* kRelaxed = "set_config('synchronous_commit', 'off', true)";
 
+// The upsert's conflict clause, shared by acquire and acquire_many: an existing record is
+// taken over only when, by its latest committed version, it is expired (COMPLETE) or its
+// lease passed (IN_PROGRESS, a steal: attempt + 1). Otherwise nothing is written.
+constexpr const char* kTakeOver = R"sql(  ON CONFLICT (scope, key) DO UPDATE SET
+    state = 0, token = excluded.token,
+    attempt = CASE WHEN r.state = 0 THEN r.attempt + 1 ELSE 1 END,
+    acquired_at = excluded.acquired_at, lease_expires_at = excluded.lease_expires_at,
+    completed_at = NULL, expires_at = excluded.expires_at, purge_after = excluded.purge_after,
+    fingerprint = excluded.fingerprint, payload = NULL
+  WHERE CASE WHEN r.state = 1 THEN r.expires_at <= {now} ELSE r.lease_expires_at <= {now} END)sql";
+
 constexpr const char* kRecordColumns =
     "state, token, attempt, acquired_at, lease_expires_at, completed_at, expires_at, "
     "fingerprint, payload";
@@ -45,8 +56,8 @@ Sql::Sql(const TableNames& names) {
       {"now", kNow},           {"ms", kMs},          {"relaxed", kRelaxed},
       {"cols", kRecordColumns}, {"index", names.purge_index()}};
   auto sql = [&](std::string text) {
-    // {live} holds {now}, so it is filled first.
-    text = fill(std::move(text), {{"live", kLive}});
+    // {live} and {take_over} hold {now}, so they are filled first.
+    text = fill(std::move(text), {{"live", kLive}, {"take_over", kTakeOver}});
     return fill(std::move(text), common);
   };
 
@@ -78,13 +89,7 @@ won AS (
   SELECT $1, $2, 0, token, 1, {now}, {now} + $3 {ms}, NULL, {now} + $4 {ms},
          {now} + greatest($3, $4) {ms}, $5, NULL
   FROM drawn
-  ON CONFLICT (scope, key) DO UPDATE SET
-    state = 0, token = excluded.token,
-    attempt = CASE WHEN r.state = 0 THEN r.attempt + 1 ELSE 1 END,
-    acquired_at = excluded.acquired_at, lease_expires_at = excluded.lease_expires_at,
-    completed_at = NULL, expires_at = excluded.expires_at, purge_after = excluded.purge_after,
-    fingerprint = excluded.fingerprint, payload = NULL
-  WHERE CASE WHEN r.state = 1 THEN r.expires_at <= {now} ELSE r.lease_expires_at <= {now} END
+{take_over}
   RETURNING r.state, r.token, r.attempt, r.acquired_at, r.lease_expires_at, r.completed_at,
             r.expires_at, r.fingerprint, r.payload)
 SELECT {cols}, {now}, 0::smallint FROM won
@@ -123,13 +128,7 @@ won AS (
   SELECT scope, key, 0, token, 1, {now}, {now} + lease {ms}, NULL, {now} + ttl {ms},
          {now} + greatest(lease, ttl) {ms}, fingerprint, NULL
   FROM drawn
-  ON CONFLICT (scope, key) DO UPDATE SET
-    state = 0, token = excluded.token,
-    attempt = CASE WHEN r.state = 0 THEN r.attempt + 1 ELSE 1 END,
-    acquired_at = excluded.acquired_at, lease_expires_at = excluded.lease_expires_at,
-    completed_at = NULL, expires_at = excluded.expires_at, purge_after = excluded.purge_after,
-    fingerprint = excluded.fingerprint, payload = NULL
-  WHERE CASE WHEN r.state = 1 THEN r.expires_at <= {now} ELSE r.lease_expires_at <= {now} END
+{take_over}
   RETURNING r.scope, r.key, r.state, r.token, r.attempt, r.acquired_at, r.lease_expires_at,
             r.completed_at, r.expires_at, r.fingerprint, r.payload)
 SELECT w.state, w.token, w.attempt, w.acquired_at, w.lease_expires_at, w.completed_at,

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/record_id.h"
 #include "idem/error.h"
 #include "idem/open_store.h"
 #include "stores/postgres/pg_batcher.h"
@@ -168,9 +169,8 @@ std::optional<AcquireResult> live_answer(Row& r) {
 // The record a request is about, as one string: two requests for one record never share a
 // batch.
 std::string record_id(std::string_view scope, std::string_view key) {
-  std::string id = std::to_string(scope.size());
-  id += ':';
-  id.append(scope).append(key);
+  std::string id;
+  detail::encode_record_id(id, scope, key);
   return id;
 }
 
@@ -447,6 +447,18 @@ struct PostgresStore::Impl {
 
   // --- the batches' runners (pg_batcher.h): a batch of one runs the single statement ---
 
+  // Hands each row of `r` to the entry it answers: the one at the row's 1-based position
+  // (column `position`), or the only entry when `position` < 0.
+  template <typename Entry>
+  static void answer(const Result& r, int position, const std::vector<Entry*>& batch,
+                     bool with_outcome) {
+    for (int row = 0; row < r.rows(); ++row) {
+      const std::size_t at =
+          position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
+      if (at < batch.size()) batch[at]->response = row_of(r, row, with_outcome);
+    }
+  }
+
   void run_reads(const std::vector<ReadBatcher::Entry*>& batch, Deadline deadline) {
     with_connection(deadline, [&](Connection& c, Deadline d) {
       for (auto* e : batch) e->response = std::optional<Row>{};
@@ -464,10 +476,7 @@ struct PostgresStore::Impl {
         r = c.run(kSelectMany, Params().bytea_array(scopes).bytea_array(keys), d);
         position = postgres::kColSelectPosition;
       }
-      for (int row = 0; row < r.rows(); ++row) {
-        const std::size_t at = position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
-        if (at < batch.size()) batch[at]->response = row_of(r, row, /*with_outcome=*/false);
-      }
+      answer(r, position, batch, /*with_outcome=*/false);
     });
   }
 
@@ -510,10 +519,7 @@ struct PostgresStore::Impl {
                   d);
         position = postgres::kColAcquirePosition;
       }
-      for (int row = 0; row < r.rows(); ++row) {
-        const std::size_t at = position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
-        if (at < batch.size()) batch[at]->response = row_of(r, row, /*with_outcome=*/true);
-      }
+      answer(r, position, batch, /*with_outcome=*/true);
     });
   }
 
@@ -688,10 +694,7 @@ std::vector<ExtendResult> PostgresStore::do_extend_many(std::span<const ExtendRe
   // keeps the as-if-in-order meaning (the heartbeat never sends one).
   std::unordered_set<std::string> seen;
   for (const ExtendRequest& r : requests) {
-    std::string id;
-    id.reserve(4 + r.scope.size() + r.key.size());
-    id.append(std::to_string(r.scope.size())).append(":").append(r.scope).append(r.key);
-    if (!seen.insert(std::move(id)).second) return Store::do_extend_many(requests);
+    if (!seen.insert(record_id(r.scope, r.key)).second) return Store::do_extend_many(requests);
   }
   // Sorted by (scope, key): batches that overlap lock their rows in the same order.
   std::vector<std::size_t> order(requests.size());

@@ -41,18 +41,6 @@ class PostgresMultiProcess : public ::testing::Test {
     return store_;
   }
 
-  // Waits until the server reports the lease on `key` as passed, by its own clock.
-  void wait_for_lease_expiry(std::string_view key) {
-    for (int i = 0; i < kWorkerTimeoutMs / 20; ++i) {
-      std::optional<Record> r = store()->get("mp", key);
-      ASSERT_TRUE(r.has_value());
-      ASSERT_EQ(r->state, RecordState::kInProgress);
-      if (r->lease_expires_at <= r->now) return;
-      std::this_thread::sleep_for(20ms);
-    }
-    FAIL() << "the lease never expired";
-  }
-
   void wait_for_expiry(std::string_view key) {
     for (int i = 0; i < kWorkerTimeoutMs / 20; ++i) {
       std::optional<Record> r = store()->get("mp", key);
@@ -68,35 +56,18 @@ class PostgresMultiProcess : public ::testing::Test {
 };
 
 TEST_F(PostgresMultiProcess, WorkersRacingOverKeysCompleteEachKeyOnce) {
-  constexpr int kWorkers = 4;
-  constexpr int kKeys = 40;
-  const long long start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count() +
-                             500;
-  std::vector<std::unique_ptr<Worker>> workers;
-  std::vector<std::string> outputs;
   char dir_pattern[] = "/tmp/idem-pg-race-XXXXXX";
   ASSERT_NE(::mkdtemp(dir_pattern), nullptr);
   const std::string dir = dir_pattern;
-  for (int w = 0; w < kWorkers; ++w) {
-    outputs.push_back(dir + "/worker" + std::to_string(w));
-    // The workers also race to create the table.
-    workers.push_back(std::make_unique<Worker>(
-        std::vector<std::string>{"race", url(), std::to_string(w), std::to_string(kKeys),
-                                 std::to_string(start_ms), outputs.back()}));
-  }
-  for (auto& w : workers) EXPECT_EQ(w->wait(), 0);
-
-  const std::map<std::string, std::string> ran = check_race_outputs(outputs, kKeys);
+  const std::map<std::string, std::string> ran =
+      run_race(url(), /*workers=*/4, /*keys=*/40, dir + "/worker");
+  ::rmdir(dir.c_str());
   for (const auto& [key, payload] : ran) {
     std::optional<Record> rec = store()->get("mp", key);
     ASSERT_TRUE(rec.has_value());
     EXPECT_EQ(rec->state, RecordState::kComplete);
     EXPECT_EQ(rec->payload, payload);
   }
-  for (const std::string& f : outputs) std::remove(f.c_str());
-  ::rmdir(dir.c_str());
 }
 
 TEST_F(PostgresMultiProcess, KilledOwnersLeaseIsStolenByAnotherProcess) {
@@ -128,7 +99,7 @@ TEST_F(PostgresMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
   // Paused, its heartbeat stops too, so the lease runs out by the server's clock. (A paused
   // client holds no lock: each of its statements commits on its own.)
   owner.stop();
-  wait_for_lease_expiry("job");
+  wait_for_lease_expiry(*store(), "mp", "job");
 
   Worker thief({"run", url(), "job", "new-owner", "5000", "30000"});
   EXPECT_THAT(thief.read_line(), StartsWith("ran stolen=1 attempt=2 token="));
@@ -202,7 +173,7 @@ TEST_F(PostgresMultiProcess, CallersHoursApartAgreeOnExpiryBusyAndSteals) {
   EXPECT_LE(remaining, kLease);
 
   // Once the server says the lease passed, the caller behind steals it.
-  wait_for_lease_expiry("k");
+  wait_for_lease_expiry(*store(), "mp", "k");
   std::istringstream steal(skewed(kBehind, {"acquire", url(), "k", "60000", "3600000"}));
   Token behind_token = 0;
   int attempt = 0;

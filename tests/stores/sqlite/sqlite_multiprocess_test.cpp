@@ -55,38 +55,10 @@ void stop_outside_write(Worker& worker, const std::string& path) {
   FAIL() << "the worker always held the write lock";
 }
 
-// Waits until the store reports the lease on (scope, key) as expired by its own clock.
-void wait_for_lease_expiry(Store& store, std::string_view key) {
-  for (int i = 0; i < kWorkerTimeoutMs / 20; ++i) {
-    std::optional<Record> r = store.get("mp", key);
-    ASSERT_TRUE(r.has_value());
-    ASSERT_EQ(r->state, RecordState::kInProgress);
-    if (r->lease_expires_at <= r->now) return;
-    std::this_thread::sleep_for(20ms);
-  }
-  FAIL() << "the lease never expired";
-}
-
 TEST(SqliteMultiProcess, WorkersRacingOverKeysCompleteEachKeyOnce) {
   const std::string path = fresh_db_path("race");
-  constexpr int kWorkers = 4;
-  constexpr int kKeys = 40;
-  const long long start_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count() +
-                             300;
-  std::vector<std::unique_ptr<Worker>> workers;
-  std::vector<std::string> outputs;
-  for (int w = 0; w < kWorkers; ++w) {
-    outputs.push_back(path + ".worker" + std::to_string(w));
-    // The workers also race to create the file and its schema.
-    workers.push_back(std::make_unique<Worker>(
-        std::vector<std::string>{"race", url_of(path), std::to_string(w), std::to_string(kKeys),
-                                 std::to_string(start_ms), outputs.back()}));
-  }
-  for (auto& w : workers) EXPECT_EQ(w->wait(), 0);
-
-  const std::map<std::string, std::string> ran = testing::check_race_outputs(outputs, kKeys);
+  const std::map<std::string, std::string> ran =
+      testing::run_race(url_of(path), /*workers=*/4, /*keys=*/40, path + ".worker");
   auto store = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path});
   for (const auto& [key, payload] : ran) {
     std::optional<Record> rec = store->get("mp", key);
@@ -133,7 +105,7 @@ TEST(SqliteMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
 
   // Paused, its heartbeat stops too, so the lease runs out.
   stop_outside_write(owner, path);
-  wait_for_lease_expiry(*store, "job");
+  testing::wait_for_lease_expiry(*store, "mp", "job");
 
   Worker thief({"run", url_of(path), "job", "new-owner", "5000", "30000"});
   EXPECT_THAT(thief.read_line(), StartsWith("ran stolen=1 attempt=2 token="));
