@@ -372,19 +372,22 @@ TEST_P(PostgresAcquireModes, ReplaysTakeNoRowLock) {
   EXPECT_EQ(raw.value("SELECT xmax FROM " + table + " WHERE key = 'k'::bytea"), "0");
 }
 
+std::string mode_name(const ::testing::TestParamInfo<PostgresAcquire>& info) {
+  switch (info.param) {
+    case PostgresAcquire::kReadFirst:
+      return "ReadFirst";
+    case PostgresAcquire::kWriteFirst:
+      return "WriteFirst";
+    case PostgresAcquire::kAdaptive:
+      break;
+  }
+  return "Adaptive";
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, PostgresAcquireModes,
                          ::testing::Values(PostgresAcquire::kAdaptive, PostgresAcquire::kReadFirst,
                                            PostgresAcquire::kWriteFirst),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case PostgresAcquire::kReadFirst:
-                               return std::string("ReadFirst");
-                             case PostgresAcquire::kWriteFirst:
-                               return std::string("WriteFirst");
-                             default:
-                               return std::string("Adaptive");
-                           }
-                         });
+                         mode_name);
 
 // --- tokens: strictly increasing per key across deletes ---
 
@@ -454,7 +457,8 @@ TEST_P(PostgresTokenOrder, EveryTokenAKeyIsGivenExceedsEveryEarlierOne) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, PostgresTokenOrder,
                          ::testing::Values(PostgresAcquire::kReadFirst,
-                                           PostgresAcquire::kWriteFirst));
+                                           PostgresAcquire::kWriteFirst),
+                         mode_name);
 
 // --- two tables, hostile input ---
 
