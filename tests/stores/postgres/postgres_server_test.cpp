@@ -206,7 +206,24 @@ TEST(PostgresPrivateServer, DurableAndRelaxedStatementsCommitDifferently) {
     return r && r->expires_at <= r->now;
   }));
 
+  // Made before the standby is required: creating its table is a durable commit too.
+  auto probe = private_store("timeout=300&pool_size=1");
   require_standby("idem_never");
+  // Whatever happens below, later tests get a server that does not wait for a standby.
+  struct Restore {
+    ~Restore() { require_standby(""); }
+  } restore;
+  // Backends learn of the standby when the server's checkpointer has reread its settings:
+  // wait until a durable commit really waits (a probe times out).
+  int probes = 0;
+  ASSERT_TRUE(eventually([&] {
+    try {
+      (void)probe->acquire("probe", std::to_string(probes++), 1h, 1h);
+      return false;
+    } catch (const StoreUnavailable&) {
+      return true;
+    }
+  }));
   // extend, extend_many, release and purge: relaxed, they return.
   EXPECT_THAT(store->extend("s", "k1", k1, 1h), IsDone());
   std::vector<ExtendRequest> batch = {{"s", "k1", k1, 1h}, {"s", "k3", k3, 1h}};
@@ -233,7 +250,6 @@ TEST(PostgresPrivateServer, DurableAndRelaxedStatementsCommitDifferently) {
   ASSERT_THAT(a, IsFreshlyAcquired());
   EXPECT_THAT(all_async->complete("s", "async", std::get<Acquired>(a).lease.token, "v", 1h),
               IsDone());
-  require_standby("");
 }
 
 TEST(PostgresPrivateServer, AuthenticationFailureIsNamedWithoutThePassword) {
