@@ -194,8 +194,8 @@ TEST(PostgresPrivateServer, DurableAndRelaxedStatementsCommitDifferently) {
   // A synchronous standby that never connects: a commit that waits for durability (the
   // server's synchronous_commit) never returns, one made with synchronous_commit = off
   // returns at once. So it shows which statements wait.
-  auto store = private_store("timeout=1500");
-  auto all_async = private_store("timeout=1500&synchronous_commit=off");
+  auto store = private_store("timeout=3000");
+  auto all_async = private_store("timeout=3000&synchronous_commit=off");
   const Token k1 = std::get<Acquired>(store->acquire("s", "k1", 1h, 1h)).lease.token;
   const Token k2 = std::get<Acquired>(store->acquire("s", "k2", 1h, 1h)).lease.token;
   const Token k3 = std::get<Acquired>(store->acquire("s", "k3", 1h, 1h)).lease.token;
@@ -207,7 +207,7 @@ TEST(PostgresPrivateServer, DurableAndRelaxedStatementsCommitDifferently) {
   }));
 
   // Made before the standby is required: creating its table is a durable commit too.
-  auto probe = private_store("timeout=300&pool_size=1");
+  auto probe = private_store("timeout=2000&pool_size=1");
   require_standby("idem_never");
   // Whatever happens below, later tests get a server that does not wait for a standby.
   struct Restore {
