@@ -271,6 +271,87 @@ BENCHMARK(BM_StoreCallsFresh)->ArgName("sync")->Arg(1)->Arg(0)->Threads(1)->UseR
 BENCHMARK(BM_RawReplay)->ArgName("sync")->Arg(1)->Arg(0)->Threads(1)->Threads(8)->UseRealTime();
 BENCHMARK(BM_StoreReplay)->ArgName("sync")->Arg(1)->Arg(0)->Threads(1)->Threads(16)->UseRealTime();
 
+// --- raw and store taking turns ---
+
+// The machine these figures come from is shared, and its load moves by a factor of two
+// within a minute. So besides the runs above, raw and store also take turns in slices of
+// 250 ms (IDEM_BENCH_SLICES each, default 2), so both see the same machine, and the ratio
+// comes from the same minutes.
+template <typename Op>
+std::pair<long, double> slice(int threads, const Op& op) {
+  std::atomic<bool> stop{false};
+  std::atomic<long> done{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      long n = 0;
+      while (!stop.load(std::memory_order_relaxed)) op(t, n++);
+      done += n;
+    });
+  }
+  std::this_thread::sleep_for(250ms);
+  stop = true;
+  for (auto& w : workers) w.join();
+  return {done.load(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+// Arguments: fresh (1) or replay (0); synchronous_commit on (1) or off (0); 1 caller (0) or
+// 16 callers against 8 raw connections (1).
+void BM_TakingTurns(benchmark::State& state) {
+  const bool fresh = state.range(0) == 1;
+  const bool synchronous = state.range(1) == 1;
+  const bool concurrent = state.range(2) == 1;
+  const int raw_threads = concurrent ? 8 : 1;
+  const int store_threads = concurrent ? 16 : 1;
+  const int slices = std::stoi(env("IDEM_BENCH_SLICES", "2"));
+  std::vector<std::unique_ptr<Raw>> raws;
+  for (int t = 0; t < raw_threads; ++t) raws.push_back(std::make_unique<Raw>(synchronous));
+  idem::Executor& exec = executor(synchronous);
+  auto hot = [](int thread, long i) {
+    return replay_key(kPopulated - 1 - ((thread * (kReplayed / 16) + i) % kReplayed));
+  };
+  auto raw_op = [&](int t, long i) {
+    if (fresh) {
+      raws[static_cast<std::size_t>(t)]->fresh(fresh_key());
+    } else {
+      raws[static_cast<std::size_t>(t)]->replay(hot(t, i));
+    }
+  };
+  auto store_op = [&](int t, long i) {
+    auto r = fresh ? exec.run(kScope, fresh_key(), [](const idem::Attempt&) { return kPayload; })
+                   : exec.run(kScope, hot(t, i),
+                              [](const idem::Attempt&) -> std::string { std::abort(); });
+    benchmark::DoNotOptimize(r);
+  };
+  long raw_ops = 0, store_ops = 0;
+  double raw_s = 0, store_s = 0;
+  // Not counted: connections opened, statements prepared, the adaptive mode settled.
+  slice(raw_threads, raw_op);
+  slice(store_threads, store_op);
+  for (auto _ : state) {
+    for (int i = 0; i < slices; ++i) {
+      auto [rn, rs] = slice(raw_threads, raw_op);
+      auto [sn, ss] = slice(store_threads, store_op);
+      raw_ops += rn;
+      raw_s += rs;
+      store_ops += sn;
+      store_s += ss;
+    }
+  }
+  state.counters["raw_per_s"] = static_cast<double>(raw_ops) / raw_s;
+  state.counters["store_per_s"] = static_cast<double>(store_ops) / store_s;
+  state.counters["ratio"] = (static_cast<double>(store_ops) / store_s) /
+                            (static_cast<double>(raw_ops) / raw_s);
+}
+
+BENCHMARK(BM_TakingTurns)
+    ->ArgNames({"fresh", "sync", "concurrent"})
+    ->ArgsProduct({{1, 0}, {1, 0}, {0, 1}})
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kSecond);
+
 // --- the batched heartbeat ---
 
 // Counts the heartbeat's statements: each extend_many is one statement, one commit.
