@@ -164,6 +164,28 @@ inline void wait_for_lease_expiry(Store& store, std::string_view scope, std::str
   FAIL() << "the lease never expired";
 }
 
+// The end of the paused-owner test of every shared store: `owner` ("hold" on key "job") is
+// stopped and its lease has passed. A thief steals the key and completes it with
+// "new-owner"; then the owner continues, finishes, and its complete is fenced (SPEC §4).
+// The record keeps the thief's result, under a token above `first`.
+inline void steal_from_paused_owner(Worker& owner, const std::string& url, Store& store,
+                                    Token first) {
+  Worker thief({"run", url, "job", "new-owner", "5000", "30000"});
+  EXPECT_THAT(thief.read_line(), ::testing::StartsWith("ran stolen=1 attempt=2 token="));
+  EXPECT_EQ(thief.wait(), 0);
+
+  owner.signal(SIGCONT);
+  owner.write_line("go");
+  EXPECT_EQ(owner.read_line(), "lease-lost");
+  EXPECT_EQ(owner.wait(), 0);
+
+  std::optional<Record> rec = store.get("mp", "job");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->state, RecordState::kComplete);
+  EXPECT_EQ(rec->payload, "new-owner");
+  EXPECT_GT(rec->token, first);
+}
+
 // Runs `workers` "race" workers on the store at `url` over `keys` overlapping keys, started
 // together, each writing its outcomes to `<output_prefix><n>`; checks that each exited with
 // 0, that every key ran exactly once and that every other worker replayed that run's

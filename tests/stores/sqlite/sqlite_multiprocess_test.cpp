@@ -107,21 +107,7 @@ TEST(SqliteMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
   stop_outside_write(owner, path);
   testing::wait_for_lease_expiry(*store, "mp", "job");
 
-  Worker thief({"run", url_of(path), "job", "new-owner", "5000", "30000"});
-  EXPECT_THAT(thief.read_line(), StartsWith("ran stolen=1 attempt=2 token="));
-  EXPECT_EQ(thief.wait(), 0);
-
-  // SPEC §4: the old owner wakes up and finishes; its complete is fenced.
-  owner.signal(SIGCONT);
-  owner.write_line("go");
-  EXPECT_EQ(owner.read_line(), "lease-lost");
-  EXPECT_EQ(owner.wait(), 0);
-
-  std::optional<Record> rec = store->get("mp", "job");
-  ASSERT_TRUE(rec.has_value());
-  EXPECT_EQ(rec->state, RecordState::kComplete);
-  EXPECT_EQ(rec->payload, "new-owner");
-  EXPECT_GT(rec->token, first);
+  testing::steal_from_paused_owner(owner, url_of(path), *store, first);
   expect_integrity_ok(path);
 }
 
