@@ -560,7 +560,9 @@ TEST_P(CliStoreTest, SignalsAroundTheStartOfTheCommandNeverLeaveTheRecordInProgr
   const auto give_up = std::chrono::steady_clock::now() + 4s;
   int rounds = 0;
   int leftovers = 0;
-  for (; rounds < 150 && std::chrono::steady_clock::now() < give_up; ++rounds) {
+  // At least a few rounds however slow the machine (a sanitizer build), at most a few
+  // seconds or 150 rounds however fast.
+  for (; rounds < 150 && (rounds < 8 || std::chrono::steady_clock::now() < give_up); ++rounds) {
     const std::string key = "k" + std::to_string(rounds);
     const double factor = rounds % 4 == 0 ? std::uniform_real_distribution<>(0.0, 1.5)(random)
                                           : std::uniform_real_distribution<>(0.6, 1.05)(random);
@@ -585,7 +587,6 @@ TEST_P(CliStoreTest, SignalsAroundTheStartOfTheCommandNeverLeaveTheRecordInProgr
     }
   }
   EXPECT_EQ(leftovers, 0) << "of " << rounds << " rounds";
-  EXPECT_GT(rounds, 10);
 }
 
 TEST_P(CliStoreTest, SignalsIgnoredAtStartStayIgnoredForIdemAndTheCommand) {
