@@ -312,7 +312,12 @@ int report_error(std::string_view command, const std::exception& error) {
     return kExitInternal;
   }
   if (const auto* e = dynamic_cast<const std::system_error*>(&error)) {
-    print_error(command, fmt::format("system error: {}", e->what()));
+    const int code = e->code().value();
+    print_error(command, fmt::format("system error: {}{}", e->what(),
+                                     code == EAGAIN || code == ENOMEM || code == EMFILE ||
+                                             code == ENFILE
+                                         ? " (out of processes, memory or files; try again later)"
+                                         : ""));
     return kExitOsError;
   }
   print_error(command, fmt::format("internal error: {}", error.what()));

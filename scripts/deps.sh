@@ -8,6 +8,7 @@ IDEM_PACKAGES=(
   libsqlite3-dev sqlite3
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
+  util-linux bsdutils  # setpriv and script, for the idem tool's tests
 )
 
 idem_install_deps() {
