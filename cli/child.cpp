@@ -468,12 +468,12 @@ SignalRelay::~SignalRelay() {
   close_fd(write_fd_);
 }
 
-void SignalRelay::hold() {
+void SignalRelay::hold(bool refuse_suspend) {
   g_first.store(0);
   g_holding.store(true);
   // A handler that saw "not holding" is ending the process; let it.
   while (g_in_handler.load() != 0) std::this_thread::yield();
-  if (!g_tstp_installed && !ignored_at_start(SIGTSTP)) {
+  if (refuse_suspend && !g_tstp_installed && !ignored_at_start(SIGTSTP)) {
     install(SIGTSTP, &g_previous_tstp);
     g_tstp_installed = true;
   }

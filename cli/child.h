@@ -58,8 +58,9 @@ class SignalRelay {
   SignalRelay(const SignalRelay&) = delete;
   SignalRelay& operator=(const SignalRelay&) = delete;
 
-  // From now on, queue the terminating signals instead of ending the process.
-  void hold();
+  // From now on, queue the terminating signals instead of ending the process, and (with
+  // `refuse_suspend`) SIGTSTP instead of stopping it.
+  void hold(bool refuse_suspend = true);
   // Back to their default effect. A signal queued since hold() ends idem now, as it would
   // have when it arrived: nothing is held any more.
   void let_go();

@@ -105,7 +105,8 @@ int bench(const BenchArgs& args) {
   const std::string result(args.payload_bytes, 'x');
   auto action = [&result](const Attempt&) { return result; };
   SignalRelay signals;
-  signals.hold();
+  // Ctrl-Z still suspends a benchmark: it holds no lease that would run out.
+  signals.hold(/*refuse_suspend=*/false);
 
   std::size_t warm = 0;
   if (mode != Mode::kFresh) warm = std::clamp<std::size_t>(args.ops / 2, 1, kMaxWarmKeys);
