@@ -505,6 +505,15 @@ TEST_P(CliStoreTest, LostLeaseEndsTheWholeGroup) {
   EXPECT_EQ(run_sh("k", alone_check(grandchild)).out, "alone\n");
 }
 
+TEST_P(CliStoreTest, ACommandLongerThanItsLeaseKeepsItAndCompletes) {
+  // The heartbeat extends the lease; idem sees each extend the store confirms, so it never
+  // takes a healthy lease for one about to run out.
+  ProcessResult r = run_sh("k", "sleep 2.2; echo done", {"--lease", "1s"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "done\n");
+  EXPECT_EQ(state("k"), "COMPLETE");
+}
+
 TEST_P(CliStoreTest, LeaseRunningOutEndsTheWholeGroupBeforeTheLeaseEnds) {
 #ifndef IDEM_CLI_TEST_SQLITE
   GTEST_SKIP() << "needs SQLite to lock the store";
