@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = {add_run_command(app), add_show_command(app),
                                    add_purge_command(app), add_forget_command(app),
                                    add_bench_command(app)};
+  commands.push_back(add_proxy_command(app));
   std::string names;
   for (const Command& command : commands) {
     names += (names.empty() ? "" : ", ") + command.app->get_name();
