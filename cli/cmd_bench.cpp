@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "child.h"
 #include "commands.h"
 #include "common.h"
 #include "idem/executor.h"
@@ -94,18 +95,25 @@ int bench(const BenchArgs& args) {
   } else if (args.mode == "mixed") {
     mode = Mode::kMixed;
   }
-  std::shared_ptr<Store> store = open_cli_store(args.store);
+  std::shared_ptr<Store> store = open_cli_store(args.store, StoreAccess::kCreate);
   Executor executor(store);
   // A scope of its own, so the benchmark never meets a real record, and it deletes what it
-  // wrote when it is done.
+  // wrote when it is done, or when it is interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT stop
+  // the measurement; a second one ends idem at once).
   const std::string scope = fmt::format(
       "idem-bench-{}-{}", ::getpid(), std::chrono::system_clock::now().time_since_epoch().count());
   const std::string result(args.payload_bytes, 'x');
   auto action = [&result](const Attempt&) { return result; };
+  SignalRelay signals;
+  // Ctrl-Z still suspends a benchmark: it holds no lease that would run out.
+  signals.hold(/*refuse_suspend=*/false);
 
   std::size_t warm = 0;
   if (mode != Mode::kFresh) warm = std::clamp<std::size_t>(args.ops / 2, 1, kMaxWarmKeys);
-  for (std::size_t i = 0; i < warm; ++i) (void)executor.run(scope, warm_key(i), action);
+  std::size_t warmed = 0;
+  for (; warmed < warm && signals.first() == 0; ++warmed) {
+    (void)executor.run(scope, warm_key(warmed), action);
+  }
 
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};
@@ -118,7 +126,7 @@ int bench(const BenchArgs& args) {
   auto worker = [&](std::size_t w) {
     std::vector<std::int64_t>& mine = latencies[w];
     mine.reserve(args.ops / args.concurrency + 1);
-    for (;;) {
+    while (signals.first() == 0) {
       std::size_t i = next.fetch_add(1);
       if (i >= args.ops) break;
       bool fresh = mode == Mode::kFresh || (mode == Mode::kMixed && i % 2 == 0);
@@ -154,13 +162,21 @@ int bench(const BenchArgs& args) {
   double elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
-  // Delete what the benchmark wrote; not measured.
-  for (std::size_t i = 0; i < args.ops; ++i) {
+  // Delete what the benchmark wrote; not measured. A second signal now ends idem at once.
+  const int interrupted = signals.stop_holding();
+  const std::size_t attempted = std::min(next.load(), args.ops);
+  for (std::size_t i = 0; i < attempted; ++i) {
     if (mode == Mode::kFresh || (mode == Mode::kMixed && i % 2 == 0)) {
       (void)store->forget(scope, fresh_key(i));
     }
   }
-  for (std::size_t i = 0; i < warm; ++i) (void)store->forget(scope, warm_key(i));
+  for (std::size_t i = 0; i < warmed; ++i) (void)store->forget(scope, warm_key(i));
+  if (interrupted != 0) {
+    print_error(kName, fmt::format("interrupted by {} after {} of {} operations; the records "
+                                   "it wrote were deleted",
+                                   signal_name(interrupted), done.load(), args.ops));
+    return 128 + interrupted;
+  }
 
   std::vector<std::int64_t> all;
   for (auto& v : latencies) all.insert(all.end(), v.begin(), v.end());
@@ -188,10 +204,9 @@ int bench(const BenchArgs& args) {
                          {"p99", us(quantile(all, 0.99))},
                          {"p999", us(quantile(all, 0.999))},
                          {"max", us(all.empty() ? 0 : all.back())}};
-    (void)write_all(STDOUT_FILENO, dump_json(out));
+    write_stdout(dump_json(out));
   } else {
-    (void)write_all(
-        STDOUT_FILENO,
+    write_stdout(
         fmt::format("store       {}\n"
                     "mode        {}: {} ops, concurrency {}, {}-byte results\n"
                     "elapsed     {:.3f} s\n"
@@ -219,7 +234,7 @@ Command add_bench_command(CLI::App& parent) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* app =
       parent.add_subcommand(kName, "Measure throughput and latency of Executor::run() on a store");
-  add_store_option(*app, args->store)->required();
+  add_store_option(*app, args->store);
   app->add_option("--ops", args->ops, "How many run() calls to measure")
       ->type_name("N")
       ->capture_default_str()

@@ -21,10 +21,23 @@ constexpr std::size_t kBatch = 1000;
 struct PurgeArgs {
   std::string store;
   std::size_t limit = 0;
+  bool create = false;
+  CLI::Option* limit_option = nullptr;
 };
 
 int purge(const PurgeArgs& args) {
-  std::shared_ptr<Store> store = open_cli_store(args.store);
+  if (args.limit_option->count() > 0 && args.limit == 0) {
+    throw UsageError("--limit", "must be 1 or more (leave it out to purge every expired record)");
+  }
+  std::shared_ptr<Store> store =
+      open_cli_store(args.store, args.create ? StoreAccess::kCreate : StoreAccess::kExisting,
+                     "pass --create to create it");
+  if (!store) {
+    // The default store does not exist yet: nothing to purge, and it stays uncreated.
+    write_stdout(fmt::format("purged 0 expired records from {} (the store does not exist yet)\n",
+                             choose_store(args.store).url));
+    return kExitOk;
+  }
   std::size_t total = 0;
   for (;;) {
     std::size_t batch = kBatch;
@@ -34,8 +47,8 @@ int purge(const PurgeArgs& args) {
     total += n;
     if (n < batch) break;
   }
-  (void)write_all(STDOUT_FILENO, fmt::format("purged {} expired record{} from {}\n", total,
-                                             total == 1 ? "" : "s", store->describe()));
+  write_stdout(fmt::format("purged {} expired record{} from {}\n", total, total == 1 ? "" : "s",
+                           store->describe()));
   return kExitOk;
 }
 
@@ -45,10 +58,12 @@ Command add_purge_command(CLI::App& parent) {
   auto args = std::make_shared<PurgeArgs>();
   CLI::App* app = parent.add_subcommand(
       "purge", "Delete expired records (completed past their TTL, abandoned past lease and TTL)");
-  app->add_option("--limit", args->limit, "Delete at most this many (default: all)")
-      ->type_name("N")
-      ->check(CLI::PositiveNumber);
+  args->limit_option =
+      app->add_option("--limit", args->limit, "Delete at most this many, 1 or more (default: all)")
+          ->type_name("N");
   add_store_option(*app, args->store);
+  app->add_flag("--create", args->create,
+                "Create the store if it does not exist (otherwise a missing store is an error)");
   return Command{app, [args] { return purge(*args); }};
 }
 

@@ -26,12 +26,21 @@ struct ShowArgs {
 };
 
 int show(const ShowArgs& args) {
-  std::shared_ptr<Store> store = open_cli_store(args.store);
-  std::optional<Record> record = store->get(args.scope, args.key);
+  // Read-only: show never creates a store or writes to one. A default store that does not
+  // exist yet simply has no records.
+  std::shared_ptr<Store> store = open_cli_store(args.store, StoreAccess::kReadOnly);
+  std::optional<Record> record;
+  std::string where = choose_store(args.store).url;
+  if (store) {
+    record = store->get(args.scope, args.key);
+    where = store->describe();
+  }
+  // SPEC §4, §8: an expired COMPLETE record counts as absent, even before it is purged.
+  const bool expired =
+      record && record->state == RecordState::kComplete && record->expires_at <= record->now;
   if (!args.payload) {
-    (void)write_all(STDOUT_FILENO,
-                    dump_json(record_json(store->describe(), args.scope, args.key, record)));
-    return record ? kExitOk : kExitAbsent;
+    write_stdout(dump_json(record_json(where, args.scope, args.key, record)));
+    return record && !expired ? kExitOk : kExitAbsent;
   }
   std::string what =
       fmt::format("key \"{}\" in scope \"{}\"", printable(args.key), printable(args.scope));
@@ -43,11 +52,16 @@ int show(const ShowArgs& args) {
     print_error(kName, fmt::format("{} is in progress; it has no stored output yet", what));
     return kExitAbsent;
   }
+  if (expired) {
+    print_error(kName, fmt::format("the record of {} expired at {} (by the store's clock); it "
+                                   "counts as absent, and the next run runs the command again",
+                                   what, iso8601(record->expires_at)));
+    return kExitAbsent;
+  }
   // A record `idem run` wrote prints its command's output; any other payload (a library
   // caller's) prints as stored.
   std::optional<CommandResult> result = decode_payload(record->payload);
-  (void)write_all(STDOUT_FILENO,
-                  result ? std::string_view(result->output) : std::string_view(record->payload));
+  write_stdout(result ? std::string_view(result->output) : std::string_view(record->payload));
   return kExitOk;
 }
 
@@ -56,7 +70,9 @@ int show(const ShowArgs& args) {
 Command add_show_command(CLI::App& parent) {
   auto args = std::make_shared<ShowArgs>();
   CLI::App* app = parent.add_subcommand(
-      kName, "Print a record as JSON (exit 1 when there is none), or its stored output");
+      kName,
+      "Print a record as JSON (exit 1 when there is none, or it expired), or its stored output. "
+      "Opens the store read-only and never creates one");
   app->add_option("--key", args->key, "Idempotency key")->required()->type_name("KEY");
   add_scope_option(*app, args->scope);
   add_store_option(*app, args->store);

@@ -2,10 +2,12 @@
 
 #include <fmt/core.h>
 #include <pwd.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -57,18 +59,36 @@ std::optional<Duration> parse_duration(std::string_view text, std::string* why) 
     return std::nullopt;
   };
   if (text.empty()) return fail("empty duration");
-  // Sums such as "1h30m" are accepted; each term is digits followed by a unit.
+  // A bare 0 needs no unit: zero is zero in any unit.
+  if (text == "0") return Duration{0};
+  // Sums such as "1h30m" are accepted; each term is a number (decimals allowed: "1.5s")
+  // followed by a unit.
   std::int64_t total_ms = 0;
-  constexpr std::int64_t kLimitMs = std::numeric_limits<std::int64_t>::max() / 2;
+  constexpr std::int64_t kLimitMs = std::numeric_limits<std::int64_t>::max() / 4;
   std::string_view rest = text;
   while (!rest.empty()) {
-    std::int64_t value = 0;
-    auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+    std::int64_t whole = 0;
+    auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), whole);
     if (ec == std::errc::result_out_of_range) return fail("number too large");
-    if (ec != std::errc{} || value < 0) {
-      return fail("expected a number followed by a unit (ms, s, m, h, d)");
+    if (ec != std::errc{} || whole < 0) {
+      return fail("expected a number followed by a unit (ms, s, m, h, d), e.g. 30s or 1.5s");
     }
     rest.remove_prefix(static_cast<std::size_t>(end - rest.data()));
+    // The fraction as digits over a power of ten, at most 9 digits.
+    std::int64_t fraction = 0;
+    std::int64_t denominator = 1;
+    if (!rest.empty() && rest.front() == '.') {
+      rest.remove_prefix(1);
+      std::size_t digits = 0;
+      while (digits < rest.size() && std::isdigit(static_cast<unsigned char>(rest[digits]))) {
+        if (digits == 9) return fail("too many decimals");
+        fraction = fraction * 10 + (rest[digits] - '0');
+        denominator *= 10;
+        ++digits;
+      }
+      if (digits == 0) return fail("expected digits after the decimal point");
+      rest.remove_prefix(digits);
+    }
     std::size_t unit_len = 0;
     while (unit_len < rest.size() && std::isalpha(static_cast<unsigned char>(rest[unit_len]))) {
       ++unit_len;
@@ -87,12 +107,14 @@ std::optional<Duration> parse_duration(std::string_view text, std::string* why) 
     } else if (unit == "d") {
       scale = 86'400'000;
     } else if (unit.empty()) {
-      return fail("missing unit (use ms, s, m, h or d, e.g. 30s)");
+      return fail("missing unit (use ms, s, m, h or d, e.g. 30s; only 0 needs none)");
     } else {
       return fail(fmt::format("unknown unit '{}' (use ms, s, m, h or d)", unit));
     }
-    if (value > (kLimitMs - total_ms) / scale) return fail("duration too large");
-    total_ms += value * scale;
+    if (whole > (kLimitMs - total_ms) / scale) return fail("duration too large");
+    // SPEC §6: durations have millisecond resolution.
+    if ((fraction * scale) % denominator != 0) return fail("finer than a millisecond");
+    total_ms += whole * scale + fraction * scale / denominator;
   }
   return Duration{total_ms};
 }
@@ -189,20 +211,50 @@ std::string sqlite_url_for_path(std::string_view path) {
   return out;
 }
 
-std::string resolve_store_url(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  if (std::optional<std::string> from_env = env("IDEM_STORE")) return *from_env;
-  std::string path = default_store_path();
-  std::string url = sqlite_url_for_path(path);
-  std::string dir = path.substr(0, path.rfind('/'));
-  if (std::string error = make_directories(dir); !error.empty()) {
-    throw StoreUnavailable(url, error);
+StoreChoice choose_store(const std::string& flag) {
+  if (!flag.empty()) return StoreChoice{flag, std::nullopt};
+  if (std::optional<std::string> from_env = env("IDEM_STORE")) {
+    return StoreChoice{*from_env, std::nullopt};
   }
-  return url;
+  std::string path = default_store_path();
+  return StoreChoice{sqlite_url_for_path(path), path};
 }
 
-std::shared_ptr<Store> open_cli_store(const std::string& flag) {
-  return open_store(resolve_store_url(flag));
+NoStore::NoStore(const std::string& store, const std::string& hint)
+    : std::runtime_error(fmt::format("{} does not exist (a mistyped --store or IDEM_STORE?){}",
+                                     store, hint.empty() ? "" : "; " + hint)) {}
+
+std::shared_ptr<Store> open_cli_store(const std::string& flag, StoreAccess access,
+                                      const std::string& create_hint) {
+  StoreChoice choice = choose_store(flag);
+  if (access == StoreAccess::kCreate) {
+    if (choice.default_path) {
+      const std::string& path = *choice.default_path;
+      if (std::string error = make_directories(path.substr(0, path.rfind('/'))); !error.empty()) {
+        throw StoreUnavailable(choice.url, error);
+      }
+    }
+    return open_store(choice.url);
+  }
+  // A command that must not create the store looks before opening, so that a mistyped
+  // path gets a message that says so (and an absent default store simply has no records).
+  Url url = parse_url(choice.url);
+  if (url.scheme == "sqlite" && !url.path.empty()) {
+    struct stat st {};
+    if (::stat(url.path.c_str(), &st) != 0 && errno == ENOENT) {
+      if (choice.default_path) return nullptr;
+      throw NoStore(url.redacted(), create_hint);
+    }
+  }
+  OpenOptions options;
+  options.read_only = access == StoreAccess::kReadOnly;
+  options.create_if_missing = false;
+  return open_store(choice.url, options);
+}
+
+std::string signal_name(int sig) {
+  const char* name = ::sigabbrev_np(sig);
+  return name != nullptr ? fmt::format("SIG{}", name) : fmt::format("signal {}", sig);
 }
 
 void print_error(std::string_view command, std::string_view message) {
@@ -211,7 +263,26 @@ void print_error(std::string_view command, std::string_view message) {
   (void)write_all(STDERR_FILENO, line);
 }
 
+OutputError::OutputError(int error)
+    : std::runtime_error(
+          fmt::format("cannot write to standard output: {}", std::strerror(error))),
+      error_(error) {}
+
+void write_stdout(std::string_view bytes) {
+  if (!write_all(STDOUT_FILENO, bytes)) throw OutputError(errno);
+}
+
 int report_error(std::string_view command, const std::exception& error) {
+  if (const auto* e = dynamic_cast<const OutputError*>(&error)) {
+    // A reader that went away (`| head -1`) ends a writer silently, as SIGPIPE would.
+    if (e->error() == EPIPE) return kExitBrokenPipe;
+    print_error(command, e->what());
+    return kExitOutputError;
+  }
+  if (const auto* e = dynamic_cast<const NoStore*>(&error)) {
+    print_error(command, e->what());
+    return kExitNoStore;
+  }
   if (const auto* e = dynamic_cast<const UsageError*>(&error)) {
     print_error(command, e->what());
     return kExitUsage;
@@ -247,7 +318,12 @@ int report_error(std::string_view command, const std::exception& error) {
     return kExitInternal;
   }
   if (const auto* e = dynamic_cast<const std::system_error*>(&error)) {
-    print_error(command, fmt::format("system error: {}", e->what()));
+    const int code = e->code().value();
+    print_error(command, fmt::format("system error: {}{}", e->what(),
+                                     code == EAGAIN || code == ENOMEM || code == EMFILE ||
+                                             code == ENFILE
+                                         ? " (out of processes, memory or files; try again later)"
+                                         : ""));
     return kExitOsError;
   }
   print_error(command, fmt::format("internal error: {}", error.what()));
@@ -266,16 +342,66 @@ bool write_all(int fd, std::string_view bytes) {
   return true;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at the start of `text` (RFC 3629: no overlong
+// forms, no surrogates, nothing above U+10FFFF), or 0.
+std::size_t utf8_sequence_length(std::string_view text) {
+  auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(0);
+  std::size_t len = 0;
+  unsigned char low = 0x80;
+  unsigned char high = 0xbf;
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    len = 2;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    len = 3;
+    if (lead == 0xe0) low = 0xa0;
+    if (lead == 0xed) high = 0x9f;
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    len = 4;
+    if (lead == 0xf0) low = 0x90;
+    if (lead == 0xf4) high = 0x8f;
+  } else {
+    return 0;
+  }
+  if (text.size() < len) return 0;
+  if (byte(1) < low || byte(1) > high) return 0;
+  for (std::size_t i = 2; i < len; ++i) {
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  }
+  return len;
+}
+
+}  // namespace
+
 std::string printable(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (char c : text) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u >= 0x7f || c == '\\') {
-      out += c == '\\' ? std::string("\\\\") : fmt::format("\\x{:02x}", u);
-    } else {
-      out += c;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    if (u == '\\') {
+      out += "\\\\";
+      ++i;
+      continue;
     }
+    if (u >= 0x20 && u < 0x7f) {
+      out += text[i++];
+      continue;
+    }
+    const std::size_t len = u >= 0x80 ? utf8_sequence_length(text.substr(i)) : 0;
+    // C1 controls (U+0080 to U+009F, "\xc2\x80" to "\xc2\x9f") steer terminals too.
+    const bool c1 = len == 2 && u == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0;
+    if (len == 0 || c1) {
+      for (std::size_t j = 0; j < std::max<std::size_t>(len, 1); ++j) {
+        out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[i + j]));
+      }
+      i += std::max<std::size_t>(len, 1);
+      continue;
+    }
+    out.append(text.substr(i, len));
+    i += len;
   }
   return out;
 }

@@ -4,10 +4,16 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fmt/core.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <exception>
+#include <sstream>
+#include <string>
 #include <vector>
 
+#include "child.h"
 #include "commands.h"
 #include "common.h"
 
@@ -33,6 +39,8 @@ void open_standard_descriptors() {
 int main(int argc, char** argv) {
   using namespace idem::cli;
   open_standard_descriptors();
+  // Before any disposition changes: what was ignored at start stays ignored (child.h).
+  note_signals_at_start();
   // A reader that goes away (`idem run ... | head -1`) must show up as EPIPE on our writes,
   // not end idem while it holds a lease. The child gets the default back (child.cpp).
   ::signal(SIGPIPE, SIG_IGN);
@@ -48,15 +56,59 @@ int main(int argc, char** argv) {
                                    add_purge_command(app), add_forget_command(app),
                                    add_bench_command(app)};
   commands.push_back(add_proxy_command(app));
+  std::string names;
+  for (const Command& command : commands) {
+    names += (names.empty() ? "" : ", ") + command.app->get_name();
+    // Left-over arguments are reported below, in the order they were given (`idem run`
+    // has none: everything from its command on belongs to the command).
+    if (command.app->get_name() != "run") command.app->allow_extras();
+  }
+  // The command's name, for messages: "idem run: ...".
+  std::string name;
+  if (argc > 1 && argv[1][0] != '-') {
+    name = argv[1];
+    auto known = [&](const Command& c) { return c.app->get_name() == name; };
+    if (std::none_of(commands.begin(), commands.end(), known)) {
+      print_error("", fmt::format("unknown command '{}' (commands: {}; see idem --help)",
+                                  printable(name), names));
+      return kExitUsage;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Help and --version print and exit 0; every parse error is a usage error (EX_USAGE).
-    int rc = app.exit(e);
-    return rc == 0 ? kExitOk : kExitUsage;
+    std::ostringstream out;
+    std::ostringstream err;
+    if (e.get_exit_code() == 0) {
+      // --help and --version print on standard output and exit 0, if that output can be
+      // written.
+      (void)app.exit(e, out, err);
+      try {
+        write_stdout(out.str());
+      } catch (const OutputError& output) {
+        return report_error(name, output);
+      }
+      return kExitOk;
+    }
+    if (name.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      print_error("", fmt::format("a command is required ({}; see idem --help)", names));
+    } else {
+      print_error(name, fmt::format("{} (see idem {}--help)", e.what(),
+                                    name.empty() ? "" : name + " "));
+    }
+    return kExitUsage;
   }
   for (const Command& command : commands) {
     if (!command.app->parsed()) continue;
+    std::vector<std::string> extra;
+    if (command.app->get_allow_extras()) extra = command.app->remaining();
+    if (!extra.empty()) {
+      std::string list;
+      for (const std::string& arg : extra) list += (list.empty() ? "'" : " '") + printable(arg) + "'";
+      print_error(name, fmt::format("unexpected argument{} {} (see idem {} --help)",
+                                    extra.size() == 1 ? "" : "s", list, name));
+      return kExitUsage;
+    }
     try {
       return command.run();
     } catch (const std::exception& e) {

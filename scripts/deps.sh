@@ -10,6 +10,7 @@ IDEM_PACKAGES=(
   libcli11-dev libfmt-dev nlohmann-json3-dev
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
   libboost-dev libssl-dev curl wrk
+  util-linux bsdutils  # setpriv and script, for the idem tool's tests
 )
 
 idem_install_deps() {

@@ -72,13 +72,32 @@ TEST(Durations, AcceptEveryUnit) {
   EXPECT_EQ(parse_duration("0s"), Duration{0});
 }
 
+TEST(Durations, AcceptABareZeroAndDecimals) {
+  EXPECT_EQ(parse_duration("0"), Duration{0});
+  EXPECT_EQ(parse_duration("1.5s"), Duration{1'500});
+  EXPECT_EQ(parse_duration("0.25s"), Duration{250});
+  EXPECT_EQ(parse_duration("1.5h"), Duration{5'400'000});
+  EXPECT_EQ(parse_duration("0.001s"), Duration{1});
+  EXPECT_EQ(parse_duration("2.50m"), Duration{150'000});
+  EXPECT_EQ(parse_duration("1h0.5m"), Duration{3'630'000});
+  // SPEC §6: millisecond resolution; anything finer is refused, not rounded.
+  std::string why;
+  EXPECT_EQ(parse_duration("1.5ms", &why), std::nullopt);
+  EXPECT_THAT(why, HasSubstr("millisecond"));
+  EXPECT_EQ(parse_duration("0.0001s", &why), std::nullopt);
+  // A bare number other than 0 still needs its unit.
+  EXPECT_EQ(parse_duration("30", &why), std::nullopt);
+  EXPECT_THAT(why, HasSubstr("missing unit"));
+}
+
 TEST(Durations, AcceptSums) {
   EXPECT_EQ(parse_duration("1h30m"), Duration{5'400'000});
   EXPECT_EQ(parse_duration("1s500ms"), Duration{1'500});
 }
 
 TEST(Durations, RejectGarbageSayingWhy) {
-  for (const char* text : {"", "30", "5x", "-1s", "s", "1.5s", " 1s", "1s ", "1 s", "ms"}) {
+  for (const char* text : {"", "30", "5x", "-1s", "s", " 1s", "1s ", "1 s", "ms", "00", "0.0",
+                           "1.s", ".5s", "1.5", "1.0000000001s"}) {
     std::string why;
     EXPECT_EQ(parse_duration(text, &why), std::nullopt) << text;
     EXPECT_FALSE(why.empty()) << text;
@@ -99,6 +118,8 @@ TEST(Durations, OptionErrorsNameTheOption) {
   }
   EXPECT_THROW((void)duration_option("--lease", "0ms", false), UsageError);
   EXPECT_EQ(duration_option("--wait", "0s", true), Duration{0});
+  EXPECT_EQ(duration_option("--wait", "0", true), Duration{0});
+  EXPECT_THROW((void)duration_option("--lease", "0", false), UsageError);
   // SPEC §10: at most 365 days.
   EXPECT_EQ(duration_option("--ttl", "365d", false), kMaxDuration);
   EXPECT_THROW((void)duration_option("--ttl", "366d", false), UsageError);
@@ -200,19 +221,55 @@ TEST(StoreLocation, SqliteUrlSurvivesAwkwardPaths) {
   EXPECT_EQ(parsed.path, path);
 }
 
-TEST(StoreLocation, FlagThenEnvironmentThenDefaultDirectoryCreated) {
+TEST(StoreLocation, FlagThenEnvironmentThenDefault) {
   std::filesystem::path dir = make_temp_dir();
   ScopedEnv xdg("XDG_STATE_HOME", (dir / "state").string());
   {
     ScopedEnv store("IDEM_STORE", "memory:");
-    EXPECT_EQ(resolve_store_url("sqlite:///flag.db"), "sqlite:///flag.db");
-    EXPECT_EQ(resolve_store_url(""), "memory:");
+    EXPECT_EQ(choose_store("sqlite:///flag.db").url, "sqlite:///flag.db");
+    EXPECT_EQ(choose_store("").url, "memory:");
+    EXPECT_FALSE(choose_store("").default_path.has_value());
   }
   ScopedEnv store("IDEM_STORE", std::nullopt);
-  EXPECT_EQ(resolve_store_url(""), "sqlite://" + (dir / "state/idem/idem.db").string());
+  StoreChoice choice = choose_store("");
+  EXPECT_EQ(choice.url, "sqlite://" + (dir / "state/idem/idem.db").string());
+  EXPECT_EQ(choice.default_path, (dir / "state/idem/idem.db").string());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(StoreLocation, OnlyACommandThatCreatesTheStoreCreatesTheDefaultDirectory) {
+  std::filesystem::path dir = make_temp_dir();
+  ScopedEnv xdg("XDG_STATE_HOME", (dir / "state").string());
+  ScopedEnv store("IDEM_STORE", std::nullopt);
+  // The default store does not exist yet: a reader or an operator's command finds no store
+  // (no records) and creates nothing.
+  EXPECT_EQ(open_cli_store("", StoreAccess::kReadOnly), nullptr);
+  EXPECT_EQ(open_cli_store("", StoreAccess::kExisting), nullptr);
+  EXPECT_FALSE(std::filesystem::exists(dir / "state"));
+  EXPECT_NE(open_cli_store("", StoreAccess::kCreate), nullptr);
   struct stat st {};
   ASSERT_EQ(::stat((dir / "state/idem").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "state/idem/idem.db"));
+  EXPECT_NE(open_cli_store("", StoreAccess::kReadOnly), nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(StoreLocation, ANamedStoreThatIsMissingIsRefusedUnlessCreated) {
+  std::filesystem::path dir = make_temp_dir();
+  const std::string url = "sqlite://" + (dir / "typo.db").string();
+  for (StoreAccess access : {StoreAccess::kReadOnly, StoreAccess::kExisting}) {
+    try {
+      (void)open_cli_store(url, access, "pass --create to create it");
+      ADD_FAILURE() << "no exception";
+    } catch (const NoStore& e) {
+      EXPECT_THAT(e.what(), HasSubstr((dir / "typo.db").string()));
+      EXPECT_THAT(e.what(), HasSubstr("does not exist"));
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "typo.db"));
+  EXPECT_NE(open_cli_store(url, StoreAccess::kCreate), nullptr);
+  EXPECT_NE(open_cli_store(url, StoreAccess::kReadOnly), nullptr);
   std::filesystem::remove_all(dir);
 }
 
@@ -255,6 +312,29 @@ TEST(RecordJson, AbsentInProgressAndComplete) {
   EXPECT_EQ(j["payload_bytes"], complete.payload.size());
 }
 
+TEST(Printable, ShowsValidUtf8AsItIs) {
+  EXPECT_EQ(printable("plain key"), "plain key");
+  EXPECT_EQ(printable("ключ"), "ключ");
+  EXPECT_EQ(printable("日本語 and 😀"), "日本語 and 😀");
+}
+
+TEST(Printable, EscapesControlsBackslashesAndInvalidBytes) {
+  EXPECT_EQ(printable("a\\b"), "a\\\\b");
+  EXPECT_EQ(printable("\x1b[31mred"), "\\x1b[31mred");
+  EXPECT_EQ(printable(std::string("nul\0", 4)), "nul\\x00");
+  EXPECT_EQ(printable("del\x7f"), "del\\x7f");
+  // C1 controls are valid UTF-8 but steer terminals.
+  EXPECT_EQ(printable("\xc2\x9b"), "\\xc2\\x9b");
+  // Invalid UTF-8: a lone continuation byte, a truncated sequence, an overlong form, a
+  // surrogate, a code point above U+10FFFF.
+  EXPECT_EQ(printable("\x80"), "\\x80");
+  EXPECT_EQ(printable("\xd0"), "\\xd0");
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(printable("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
+  EXPECT_EQ(printable("k\xff\xd0\xba"), "k\\xffк");
+}
+
 TEST(RecordJson, BinaryKeysDumpWithoutThrowing) {
   std::string key("k\xff\xfe\0", 4);
   std::string text = dump_json(record_json("memory:", "s", key, std::nullopt));
@@ -276,7 +356,7 @@ class ChildTest : public ::testing::Test {
     options.stop = stop;
     return run_child(options, signals_);
   }
-  SignalGuard signals_;
+  SignalRelay signals_;
 };
 
 TEST_F(ChildTest, CapturesOutputAndExitStatus) {
@@ -346,7 +426,7 @@ TEST_F(ChildTest, StopRequestTerminatesTheChild) {
   });
   ChildOutcome o =
       run("touch " + started + "; while :; do sleep 0.01; done", 100, stop.get_token());
-  EXPECT_TRUE(o.stopped);
+  EXPECT_EQ(o.stopped, StopReason::kLeaseLost);
   EXPECT_EQ(o.term_signal, SIGTERM);
   std::filesystem::remove_all(dir);
 }
@@ -361,13 +441,13 @@ TEST_F(ChildTest, StopRequestKillsAChildThatIgnoresSigterm) {
   });
   ChildOutcome o = run("trap '' TERM; touch " + started + "; while :; do sleep 0.01; done", 100,
                        stop.get_token(), 100ms);
-  EXPECT_TRUE(o.stopped);
+  EXPECT_EQ(o.stopped, StopReason::kLeaseLost);
   EXPECT_EQ(o.term_signal, SIGKILL);
   std::filesystem::remove_all(dir);
 }
 
 TEST_F(ChildTest, SignalsToIdemArePassedToTheChild) {
-  signals_.forward();
+  signals_.hold();
   std::filesystem::path dir = make_temp_dir();
   std::string started = (dir / "started").string();
   std::jthread sender([&] {
@@ -388,6 +468,93 @@ TEST_F(ChildTest, DoesNotWaitForProcessesTheChildLeftBehind) {
   ChildOutcome o = run("echo mine; (sleep 1; echo late) 2>/dev/null &");
   EXPECT_EQ(o.exit_code, 0);
   EXPECT_EQ(o.output, "mine\n");
+}
+
+bool process_running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const std::size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+TEST_F(ChildTest, WhatTheCommandLeftInItsGroupIsKilledWhenItExits) {
+  std::filesystem::path dir = make_temp_dir();
+  const std::string pid_file = (dir / "pid").string();
+  ChildOutcome o = run("sleep 30 & echo $! > " + pid_file + "; echo mine");
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_EQ(o.output, "mine\n");
+  std::ifstream in(pid_file);
+  pid_t left = 0;
+  ASSERT_TRUE(in >> left);
+  // run_child returns only once nothing of the group runs any more.
+  EXPECT_FALSE(process_running(left));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(ChildTest, ALeaseRunningOutTerminatesTheGroupByItsDeadline) {
+  // Once the command ignores SIGTERM, the deadline comes near: SIGTERM first, then SIGKILL
+  // when the deadline is reached.
+  std::filesystem::path dir = make_temp_dir();
+  const std::string ready = (dir / "ready").string();
+  ChildOptions options;
+  options.argv = {"sh", "-c", "trap '' TERM; touch " + ready + "; while :; do sleep 0.01; done"};
+  options.pass_through_fd = -1;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  options.dead_by = [&] {
+    if (!deadline && std::filesystem::exists(ready)) {
+      deadline = std::chrono::steady_clock::now() + 200ms;
+    }
+    return deadline.value_or(std::chrono::steady_clock::now() + 1h);
+  };
+  options.deadline_grace = 100ms;
+  ChildOutcome o = run_child(options, signals_);
+  EXPECT_EQ(o.stopped, StopReason::kLeaseRunningOut);
+  EXPECT_EQ(o.term_signal, SIGKILL);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(ChildTest, OutputThatCannotBePassedOnEndsTheCommandAsItWouldWithoutIdem) {
+  // As in idem (main.cpp): a reader that goes away is EPIPE for idem, SIGPIPE for the
+  // command (which gets the default back).
+  struct IgnoreSigpipe {
+    void (*previous)(int) = ::signal(SIGPIPE, SIG_IGN);
+    ~IgnoreSigpipe() { ::signal(SIGPIPE, previous); }
+  } ignore_sigpipe;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);  // the reader went away
+  ChildOptions options;
+  options.argv = {"yes"};
+  options.pass_through_fd = fds[1];
+  options.capture_limit = 100;
+  ChildOutcome o = run_child(options, signals_);
+  ::close(fds[1]);
+  EXPECT_EQ(o.output_error, EPIPE);
+  EXPECT_EQ(o.term_signal, SIGPIPE);
+}
+
+TEST_F(ChildTest, AFileWithoutAShebangLineRunsWithSh) {
+  std::filesystem::path dir = make_temp_dir();
+  const std::filesystem::path script = dir / "script";
+  std::ofstream(script) << "echo \"args: $*\"\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  ChildOptions options;
+  options.argv = {script.string(), "one", "two"};
+  options.pass_through_fd = -1;
+  options.capture_limit = 100;
+  ChildOutcome o = run_child(options, signals_);
+  EXPECT_EQ(o.exit_code, 0);
+  EXPECT_EQ(o.output, "args: one two\n");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SpawnErrors, StatusesAreAShellsAndOutOfProcessesIsRetryLater) {
+  EXPECT_EQ(SpawnError("x", ENOENT).status(), 127);
+  EXPECT_EQ(SpawnError("x", EACCES).status(), 126);
+  EXPECT_EQ(SpawnError("x", EAGAIN).status(), 71);
+  EXPECT_EQ(SpawnError("x", ENOMEM).status(), 71);
+  EXPECT_THAT(SpawnError("x", EAGAIN).what(), HasSubstr("try again later"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 #include <string_view>
 
@@ -38,7 +39,8 @@ std::vector<std::string> environment(const EnvChanges& changes) {
 
 }  // namespace
 
-Process::Process(const std::vector<std::string>& argv, const EnvChanges& env) {
+Process::Process(const std::vector<std::string>& argv, const EnvChanges& env,
+                 ProcessOptions options) {
   int out[2];
   int err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
@@ -69,7 +71,12 @@ Process::Process(const std::vector<std::string>& argv, const EnvChanges& env) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaddset(&defaults, sig);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  if (options.own_group) {
+    posix_spawnattr_setpgroup(&attr, 0);
+    flags |= POSIX_SPAWN_SETPGROUP;
+  }
+  posix_spawnattr_setflags(&attr, flags);
   int rc = ::posix_spawn(&pid_, c_args[0], &actions, &attr, c_args.data(), c_env.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
@@ -155,9 +162,20 @@ ProcessResult Process::finish(std::chrono::seconds bound) {
   return result;
 }
 
-ProcessResult run_process(const std::vector<std::string>& argv, const EnvChanges& env) {
+ProcessResult run_process(const std::vector<std::string>& argv, const EnvChanges& env,
+                          std::chrono::seconds bound) {
   Process p(argv, env);
-  return p.finish();
+  return p.finish(bound);
+}
+
+bool running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const std::size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  const char state = line[close + 2];
+  return state != 'Z' && state != 'X' && state != 'x';
 }
 
 }  // namespace idem::cli::test

@@ -25,10 +25,18 @@ struct ProcessResult {
 // Environment changes for a process: a value sets the variable, nullopt removes it.
 using EnvChanges = std::map<std::string, std::optional<std::string>>;
 
+// How a process is started, beyond its arguments and environment.
+struct ProcessOptions {
+  // Start it as the leader of a process group of its own (as a shell with job control
+  // starts a job), so the test can signal that group.
+  bool own_group = false;
+};
+
 // A process started in the background; its output is collected when it is finished.
 class Process {
  public:
-  Process(const std::vector<std::string>& argv, const EnvChanges& env);
+  Process(const std::vector<std::string>& argv, const EnvChanges& env,
+          ProcessOptions options = {});
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
@@ -50,7 +58,12 @@ class Process {
 };
 
 // Runs the process to its end (bounded as Process::finish).
-ProcessResult run_process(const std::vector<std::string>& argv, const EnvChanges& env);
+ProcessResult run_process(const std::vector<std::string>& argv, const EnvChanges& env,
+                          std::chrono::seconds bound = std::chrono::seconds(60));
+
+// Whether process `pid` exists and is not a zombie (by /proc/PID/stat), whoever its
+// parent is.
+bool running(pid_t pid);
 
 using idem::testing::eventually;
 

@@ -12,8 +12,9 @@
 namespace idem {
 
 struct SqliteStoreOptions {
-  // The database file; created with its schema when missing. A relative path is resolved
-  // against the working directory when the store is opened.
+  // The database file; created with its schema when missing (unless create_if_missing is
+  // false or read_only is true). A relative path is resolved against the working directory
+  // when the store is opened.
   std::string path;
   // PRAGMA synchronous: "normal" (default; durable across process crashes, may lose the
   // last transactions on power loss) or "full" (also durable across power loss; each write
@@ -25,13 +26,21 @@ struct SqliteStoreOptions {
   // The clock expiry is judged by. Null: the system clock (wall milliseconds), which every
   // process on the machine shares.
   std::shared_ptr<const Clock> clock{};
+  // Open the file read-only (OpenOptions::read_only): nothing is created or written, and
+  // every writing operation fails with StoreUnavailable. When the WAL index beside the file
+  // cannot be created (a read-only directory, no other connection open), the file is read
+  // as it is on disk (SQLite's immutable mode).
+  bool read_only = false;
+  // Create the file and its schema when missing (OpenOptions::create_if_missing). false: a
+  // missing file, or one without idem's schema, is refused with StoreUnavailable.
+  bool create_if_missing = true;
 };
 
 class SqliteStore final : public Store {
  public:
-  // Opens (creating if needed) the database. Throws StoreUnavailable naming the file and
-  // the cause when it cannot be opened, is not an idem database, or was written by a newer
-  // version of idem.
+  // Opens (creating if needed and allowed) the database. Throws StoreUnavailable naming the
+  // file and the cause when it cannot be opened, does not exist and may not be created, is
+  // not an idem database, or was written by a newer version of idem.
   explicit SqliteStore(SqliteStoreOptions options);
   ~SqliteStore() override;
 

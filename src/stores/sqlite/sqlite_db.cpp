@@ -1,6 +1,8 @@
 #include "stores/sqlite/sqlite_db.h"
 
+#include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -8,14 +10,56 @@
 
 namespace idem::sqlite {
 
-Connection::Connection(const std::string& path, std::string store, Duration busy_timeout)
+namespace {
+
+// `path` as an SQLite URI ("file:/a%20b.db?immutable=1"): everything but unreserved
+// characters and '/' is percent-encoded, so no byte of the path reads as URI syntax.
+std::string immutable_uri(const std::string& path) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string uri = "file:";
+  for (const char c : path) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) != 0 || c == '/' || c == '.' || c == '_' || c == '-' || c == '~') {
+      uri += c;
+    } else {
+      uri += '%';
+      uri += kHex[u >> 4];
+      uri += kHex[u & 0xf];
+    }
+  }
+  return uri + "?immutable=1";
+}
+
+}  // namespace
+
+Connection::Connection(const std::string& path, std::string store, Duration busy_timeout,
+                       OpenMode mode)
     : store_(std::move(store)), busy_timeout_(busy_timeout) {
-  sqlite3* raw = nullptr;
   // NOMUTEX: the pool gives a connection to one thread at a time. No SQLITE_OPEN_URI, so
   // the (absolute) path is always a plain file name.
-  const int rc =
-      sqlite3_open_v2(path.c_str(), &raw,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+  int flags = SQLITE_OPEN_NOMUTEX;
+  if (mode == OpenMode::kReadOnly) {
+    flags |= SQLITE_OPEN_READONLY;
+  } else {
+    flags |= SQLITE_OPEN_READWRITE | (mode == OpenMode::kCreate ? SQLITE_OPEN_CREATE : 0);
+  }
+  open(path.c_str(), flags);
+  if (mode != OpenMode::kReadOnly) return;
+  // A read-only connection reads a WAL file through its shared-memory index, which it
+  // cannot create in a directory it may not write. With no -wal file there is no other
+  // connection and nothing beyond the main file to read, so read that as it is on disk.
+  std::string mode_name;
+  const int rc = try_query_text("PRAGMA journal_mode", mode_name);
+  const int primary = rc & 0xff;
+  if ((primary == SQLITE_READONLY || primary == SQLITE_CANTOPEN) &&
+      !std::filesystem::exists(path + "-wal")) {
+    open(immutable_uri(path).c_str(), flags | SQLITE_OPEN_URI);
+  }
+}
+
+void Connection::open(const char* name, int flags) {
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(name, &raw, flags, nullptr);
   db_.reset(raw);  // sqlite3_open_v2 hands out a handle even on failure; it must be closed.
   if (raw == nullptr) throw StoreUnavailable(store_, "cannot open: out of memory");
   check(rc, "cannot open the database file");

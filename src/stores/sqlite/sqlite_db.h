@@ -34,13 +34,23 @@ struct Statement {
   const char* name = "";
 };
 
+// How a connection opens its file.
+enum class OpenMode {
+  kCreate,    // read-write, creating the file when missing
+  kExisting,  // read-write, the file must exist
+  kReadOnly,  // read-only; the file must exist
+};
+
 // One open database connection. Used by one thread at a time (the store's pool hands it
 // out), so it is opened with SQLITE_OPEN_NOMUTEX.
 class Connection {
  public:
-  // Opens (creating when missing) `path` and sets the busy timeout. Throws
-  // StoreUnavailable naming `store` when the file cannot be opened.
-  Connection(const std::string& path, std::string store, Duration busy_timeout);
+  // Opens `path` as `mode` says and sets the busy timeout. Throws StoreUnavailable naming
+  // `store` when the file cannot be opened. A read-only connection to a WAL file whose
+  // shared-memory index cannot be created (a read-only directory with no -wal file, so no
+  // other connection is open) reads the file as it is on disk (SQLite's immutable mode).
+  Connection(const std::string& path, std::string store, Duration busy_timeout,
+             OpenMode mode = OpenMode::kCreate);
 
   sqlite3* db() const noexcept { return db_.get(); }
   const std::string& store() const noexcept { return store_; }
@@ -65,6 +75,9 @@ class Connection {
   bool in_transaction() const noexcept { return sqlite3_get_autocommit(db_.get()) == 0; }
 
  private:
+  // Opens `name` with `flags` in place of the current handle and sets the busy timeout.
+  void open(const char* name, int flags);
+
   std::string store_;
   Duration busy_timeout_;
   DbHandle db_;

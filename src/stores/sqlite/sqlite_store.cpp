@@ -22,6 +22,7 @@ namespace idem {
 namespace {
 
 using sqlite::Connection;
+using sqlite::OpenMode;
 using sqlite::kSqlSelectRecord;
 using sqlite::kSqlNextToken;
 using sqlite::kSqlWriteLease;
@@ -109,10 +110,10 @@ struct PooledConnection {
   Statement rollback;
 
   PooledConnection(const std::string& path, const std::string& store, Duration busy_timeout,
-                   const std::string& synchronous, bool first)
-      : conn(path, store, busy_timeout) {
+                   const std::string& synchronous, OpenMode mode, bool first)
+      : conn(path, store, busy_timeout, mode) {
     // The first connection checks the file before anything else touches it.
-    if (first) prepare_file();
+    if (first) prepare_file(mode);
     conn.exec(synchronous == "full" ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
               "cannot set PRAGMA synchronous");
     select_record = conn.prepare(kSqlSelectRecord, "read record");
@@ -190,13 +191,23 @@ struct PooledConnection {
   }
 
   // Checks the file is ours (or empty), switches it to WAL and creates the schema when
-  // missing. A foreign or newer file is refused before anything is written to it.
-  void prepare_file() {
+  // missing. A foreign or newer file is refused before anything is written to it; so is an
+  // empty one when the store may not create its schema, and a read-only store writes
+  // nothing at all.
+  void prepare_file(OpenMode open_mode) {
     // One read transaction, so the three header values are one consistent snapshot.
     conn.exec("BEGIN", "cannot read the database header");
     Header h = read_header();
     conn.exec("COMMIT", "cannot read the database header");
     const bool ready = accept(h);
+    if (!ready && open_mode != OpenMode::kCreate) {
+      throw StoreUnavailable(conn.store(),
+                             "the file holds no idem schema yet, and the store was opened " +
+                                 std::string(open_mode == OpenMode::kReadOnly
+                                                 ? "read-only"
+                                                 : "without creating it"));
+    }
+    if (open_mode == OpenMode::kReadOnly) return;
     // Creating the schema needs no fsync per step; the connection's own setting follows.
     conn.exec("PRAGMA synchronous = NORMAL", "cannot set PRAGMA synchronous");
 
@@ -268,6 +279,7 @@ struct SqliteStore::Impl {
   std::string describe;  // "sqlite:///abs/path.db"
   std::string synchronous;
   Duration busy_timeout;
+  OpenMode mode;
   std::shared_ptr<const Clock> clock;
 
   std::mutex mu;
@@ -276,6 +288,9 @@ struct SqliteStore::Impl {
   explicit Impl(SqliteStoreOptions options)
       : synchronous(lowercase(std::move(options.synchronous))),
         busy_timeout(options.busy_timeout),
+        mode(options.read_only           ? OpenMode::kReadOnly
+             : options.create_if_missing ? OpenMode::kCreate
+                                         : OpenMode::kExisting),
         clock(options.clock ? std::move(options.clock) : SystemClock::instance()) {
     if (options.path.empty()) throw InvalidArgument("SQLite path", "must not be empty");
     if (synchronous != "normal" && synchronous != "full") {
@@ -294,11 +309,18 @@ struct SqliteStore::Impl {
     }
     path = abs.lexically_normal().string();
     describe = "sqlite://" + path;
+    if (mode != OpenMode::kCreate && !std::filesystem::exists(path, ec) && !ec) {
+      throw StoreUnavailable(describe, std::string("the database file does not exist, and the "
+                                                   "store was opened ") +
+                                           (mode == OpenMode::kReadOnly ? "read-only"
+                                                                        : "without creating it"));
+    }
     idle.push_back(open(/*first=*/true));
   }
 
   std::unique_ptr<PooledConnection> open(bool first) {
-    return std::make_unique<PooledConnection>(path, describe, busy_timeout, synchronous, first);
+    return std::make_unique<PooledConnection>(path, describe, busy_timeout, synchronous, mode,
+                                              first);
   }
 
   // A connection borrowed from the pool for one operation.
@@ -516,7 +538,10 @@ std::shared_ptr<Store> open_sqlite_store(const Url& url, const OpenOptions& opti
                           "'sqlite:' needs a database file: sqlite:///absolute/path.db or "
                           "sqlite:relative/path.db");
   }
-  SqliteStoreOptions o{.path = url.path, .clock = options.clock};
+  SqliteStoreOptions o{.path = url.path,
+                       .clock = options.clock,
+                       .read_only = options.read_only,
+                       .create_if_missing = options.create_if_missing};
   for (const auto& [name, value] : url.query) {
     if (name == "synchronous") {
       o.synchronous = lowercase(value);

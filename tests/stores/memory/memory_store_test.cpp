@@ -225,6 +225,15 @@ TEST(MemoryStoreUrl, UsesTheClockItIsGiven) {
   EXPECT_THAT(store->acquire("s", "k", seconds(2), seconds(100)), IsStolen(2));
 }
 
+TEST(MemoryStoreUrl, IgnoresReadOnlyAndCreateIfMissing) {
+  // OpenOptions documents both as ignored here: the store is new, empty and private.
+  const std::shared_ptr<Store> store =
+      open_store("memory:", {.read_only = true, .create_if_missing = false});
+  EXPECT_EQ(store->describe(), "memory:");
+  EXPECT_FALSE(store->get("s", "k").has_value());
+  EXPECT_THAT(store->acquire("s", "k", seconds(10), seconds(10)), IsFreshlyAcquired());
+}
+
 TEST(MemoryStoreUrl, RejectsAnythingAfterTheScheme) {
   for (const char* url : {"memory://", "memory://host", "memory:/path", "memory:name",
                           "memory:?shards=4", "memory://user:secret@host/x"}) {

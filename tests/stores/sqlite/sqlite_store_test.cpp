@@ -262,6 +262,93 @@ TEST(SqliteStoreFile, FailsInADirectoryThatIsNotWritable) {
   expect_store_error([&] { make_store(path); }, path, "unable to open database file");
 }
 
+// --- Read-only and no-create opening (OpenOptions::read_only, create_if_missing) ---
+
+std::shared_ptr<Store> open_with(const std::string& path, OpenOptions options) {
+  return open_store("sqlite://" + path, options);
+}
+
+TEST(SqliteStoreOpenMode, ReadOnlyAndNoCreateRefuseAMissingFileAndCreateNothing) {
+  const std::string path = fresh_db_path();
+  expect_store_error([&] { open_with(path, {.read_only = true}); }, path, "does not exist");
+  expect_store_error([&] { open_with(path, {.create_if_missing = false}); }, path,
+                     "does not exist");
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+  EXPECT_FALSE(std::filesystem::exists(path + "-shm"));
+}
+
+TEST(SqliteStoreOpenMode, ReadOnlyAndNoCreateLeaveAnEmptyFileEmpty) {
+  const std::string path = fresh_db_path();
+  std::ofstream(path).flush();
+  expect_store_error([&] { open_with(path, {.read_only = true}); }, path, "no idem schema");
+  expect_store_error([&] { open_with(path, {.create_if_missing = false}); }, path,
+                     "no idem schema");
+  EXPECT_EQ(std::filesystem::file_size(path), 0u);
+}
+
+TEST(SqliteStoreOpenMode, NoCreateOpensAnExistingStoreForWriting) {
+  const std::string path = fresh_db_path();
+  make_store(path);
+  auto store = open_with(path, {.create_if_missing = false});
+  const Token t = acquire_token(*store, "s", "k");
+  EXPECT_EQ(store->complete("s", "k", t, "done", 1h), WriteResult::kDone);
+}
+
+TEST(SqliteStoreOpenMode, ReadOnlyReadsAndRefusesEveryWrite) {
+  const std::string path = fresh_db_path();
+  auto writer = make_store(path);
+  const Token t = acquire_token(*writer, "s", "done");
+  ASSERT_EQ(writer->complete("s", "done", t, "result", 1h), WriteResult::kDone);
+  const Token running = acquire_token(*writer, "s", "running");
+
+  auto reader = open_with(path, {.read_only = true});
+  EXPECT_EQ(reader->describe(), "sqlite://" + path);
+  ASSERT_TRUE(reader->get("s", "done").has_value());
+  EXPECT_EQ(reader->get("s", "done")->payload, "result");
+  // Answers that need no write work; everything else is refused and changes nothing.
+  EXPECT_TRUE(std::holds_alternative<Replay>(reader->acquire("s", "done", 1s, 1h)));
+  EXPECT_TRUE(std::holds_alternative<Busy>(reader->acquire("s", "running", 1s, 1h)));
+  const std::string cause = "readonly";
+  expect_store_error([&] { (void)reader->acquire("s", "fresh", 1s, 1h); }, path, cause);
+  expect_store_error([&] { (void)reader->complete("s", "running", running, "x", 1h); }, path,
+                     cause);
+  expect_store_error([&] { (void)reader->extend("s", "running", running, 1s); }, path, cause);
+  expect_store_error([&] { (void)reader->release("s", "running", running); }, path, cause);
+  expect_store_error([&] { (void)reader->forget("s", "done"); }, path, cause);
+  expect_store_error([&] { (void)reader->purge(10); }, path, cause);
+  EXPECT_FALSE(writer->get("s", "fresh").has_value());
+  EXPECT_EQ(writer->get("s", "running")->state, RecordState::kInProgress);
+  EXPECT_TRUE(writer->get("s", "done").has_value());
+  // A reader sees what a writer commits after it opened.
+  ASSERT_EQ(writer->complete("s", "running", running, "later", 1h), WriteResult::kDone);
+  EXPECT_EQ(reader->get("s", "running")->payload, "later");
+}
+
+TEST(SqliteStoreOpenMode, ReadOnlyReadsAStoreInADirectoryItCannotWrite) {
+  const std::filesystem::path dir = temp_dir() / "readonly-store";
+  std::filesystem::create_directory(dir);
+  const std::string path = (dir / "store.db").string();
+  {
+    auto writer = make_store(path);
+    const Token t = acquire_token(*writer, "s", "k");
+    ASSERT_EQ(writer->complete("s", "k", t, "kept", 1h), WriteResult::kDone);
+  }
+  // The last connection closed: no -wal or -shm file is left to read through.
+  ASSERT_FALSE(std::filesystem::exists(path + "-shm"));
+  UnwritableDir locked(dir);
+  if (locked.writable()) {
+    GTEST_SKIP() << "running as root on a file system without the immutable attribute (or "
+                    "without CAP_LINUX_IMMUTABLE): cannot make a directory unwritable";
+  }
+  auto reader = open_with(path, {.read_only = true});
+  std::optional<Record> r = reader->get("s", "k");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->payload, "kept");
+  EXPECT_FALSE(reader->get("s", "other").has_value());
+  expect_store_error([&] { (void)reader->forget("s", "k"); }, path, "readonly");
+}
+
 TEST(SqliteStoreFile, FailsWhenLockedLongerThanTheBusyTimeout) {
   const std::string path = fresh_db_path();
   auto store = make_store(path, nullptr, 100ms);
