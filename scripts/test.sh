@@ -1,33 +1,63 @@
 #!/usr/bin/env bash
 # Builds and runs every test: a release build (tests, examples, benchmark smoke runs, the
-# install test), then the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-# and under ThreadSanitizer. IDEM_TSAN=0 skips the ThreadSanitizer build.
+# install test, and the store suites against real PostgreSQL and Redis servers that this
+# script starts on loopback and stops at the end), then the tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer. Prints the time
+# each stage took. IDEM_TSAN=0 skips the ThreadSanitizer build.
 # Usage: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
+source scripts/servers.sh
+
+started=$SECONDS
+stage_started=$SECONDS
+stages=()
+stage_done() {
+  local took=$((SECONDS - stage_started))
+  stages+=("$(printf '%-44s %5d s' "$1" "$took")")
+  echo "== $1: ${took} s"
+  stage_started=$SECONDS
+}
+report_stages() {
+  local rc=$?
+  echo "== stage times"
+  for s in "${stages[@]}"; do echo "   $s"; done
+  echo "== total $((SECONDS - started)) s (exit $rc)"
+  idem_stop_servers
+}
+trap report_stages EXIT
+
 idem_install_deps
+stage_done "install dependencies"
 
 jobs=$(nproc)
-started=$SECONDS
+
+# Store tests fail, not skip, when a server they need is missing.
+export IDEM_REQUIRE_SERVERS=1
+idem_start_postgres
+idem_start_redis
+stage_done "start PostgreSQL and Redis"
 
 build_and_test() {
-  local dir=$1; shift
+  local name=$1 dir=$2; shift 2
   echo "== configure $dir $*"
   cmake -S . -B "$dir" -G Ninja -DIDEM_WITH_SQLITE=ON "$@" >/dev/null
   echo "== build $dir"
   cmake --build "$dir" -j "$jobs"
+  stage_done "$name: build"
   echo "== test $dir"
   ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 600
+  stage_done "$name: test"
 }
 
-build_and_test build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo
-build_and_test build/asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=address,undefined \
+build_and_test release build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo
+build_and_test asan+ubsan build/asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=address,undefined \
   -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF
 if [[ "${IDEM_TSAN:-1}" != 0 ]]; then
   # A data race fails the test that shows it, not only a line in the log.
   export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
-  build_and_test build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_SANITIZE=thread \
+  build_and_test tsan build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_SANITIZE=thread \
     -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF
 fi
 echo "== all tests passed in $((SECONDS - started)) s"

@@ -17,8 +17,10 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/types.h"
 
@@ -30,6 +32,14 @@ inline constexpr std::size_t kMaxKeyBytes = 1024;
 inline constexpr std::size_t kDefaultMaxPayloadBytes = std::size_t{1} << 20;  // 1 MiB
 inline constexpr std::size_t kMaxPayloadBytes = std::size_t{64} << 20;        // 64 MiB
 inline constexpr Duration kMaxDuration = std::chrono::hours(24 * 365);
+
+// One lease of a batched extend (Store::extend_many).
+struct ExtendRequest {
+  std::string_view scope;
+  std::string_view key;
+  Token token = 0;
+  Duration lease{0};
+};
 
 class Store {
  public:
@@ -67,6 +77,15 @@ class Store {
   [[nodiscard]] ExtendResult extend(std::string_view scope, std::string_view key, Token token,
                                     Duration lease);
 
+  // The heartbeat's batched extend: applies extend() to each request, as if one at a time
+  // in order, and returns one result per request in the same order. A store that can sends
+  // the whole batch in one round trip (the default calls do_extend once per request).
+  // Throws StoreUnavailable when the batch failed or its outcome is unknown; any subset of
+  // the extends may then have taken effect, which is harmless: an extend only pushes a
+  // live lease's deadline forward.
+  // REQUIRES: every request has a valid scope and key and 0 < lease <= 365 days.
+  [[nodiscard]] std::vector<ExtendResult> extend_many(std::span<const ExtendRequest> requests);
+
   // Deletes at most `limit` records that are COMPLETE with expires_at <= now, or
   // IN_PROGRESS with expires_at <= now and lease_expires_at <= now. Returns how many.
   // Stores with native expiry may return 0 and let the server drop records.
@@ -93,6 +112,9 @@ class Store {
                                  Token token) = 0;
   virtual ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
                                  Duration lease) = 0;
+  // Not pure: the default extends one request at a time through do_extend. A store with a
+  // cheaper batched form overrides it; the result must have one entry per request.
+  virtual std::vector<ExtendResult> do_extend_many(std::span<const ExtendRequest> requests);
   virtual std::size_t do_purge(std::size_t limit) = 0;
   virtual std::optional<Record> do_get(std::string_view scope, std::string_view key) = 0;
   virtual bool do_forget(std::string_view scope, std::string_view key) = 0;

@@ -2,6 +2,10 @@
 
 // A Store that forwards every call to another one (leveldb's EnvWrapper). Override one
 // method to inject faults in tests or to add metrics, and leave the rest alone.
+//
+// do_extend_many forwards the whole batch to the wrapped store, so a wrapper that overrides
+// do_extend to observe or change extends should also override do_extend_many, for example
+// with `return Store::do_extend_many(requests);`, which calls do_extend once per request.
 
 #include <memory>
 #include <utility>
@@ -32,6 +36,9 @@ class StoreWrapper : public Store {
   ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
                          Duration lease) override {
     return target_->do_extend(scope, key, token, lease);
+  }
+  std::vector<ExtendResult> do_extend_many(std::span<const ExtendRequest> requests) override {
+    return target_->do_extend_many(requests);
   }
   std::size_t do_purge(std::size_t limit) override { return target_->do_purge(limit); }
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override {

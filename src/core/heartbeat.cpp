@@ -9,9 +9,13 @@
 namespace idem::detail {
 namespace {
 
-// The thread extends at most this many due leases between two looks at the heap, so a
-// lease added meanwhile with an earlier deadline waits for one batch at most.
-constexpr std::size_t kBatch = 256;
+// The thread extends at most this many due leases in one batch (one Store::extend_many call)
+// between two looks at the heap, so a lease added meanwhile with an earlier deadline waits
+// for one batch at most.
+constexpr std::size_t kBatch = 1024;
+
+// A lease joins the batch when it is due within 1/kEarlyFraction of its interval.
+constexpr int kEarlyFraction = 16;
 
 // After a failed extend the next try comes a quarter interval later, within these bounds,
 // and never after the local deadline.
@@ -87,7 +91,7 @@ bool Heartbeat::started() const {
 }
 
 void Heartbeat::add(std::shared_ptr<HeartbeatLease> lease) {
-  // The coarse clock serves long intervals, as in beat(): it is never ahead of the precise
+  // The coarse clock serves long intervals: it is never ahead of the precise
   // one, so the first extend can only come early.
   const auto now = lease->interval_ >= kCoarseEnough ? coarse_now() : SteadyClock::now();
   const auto due = std::min(now + lease->interval_, lease->local_deadline());
@@ -179,20 +183,44 @@ void Heartbeat::report(const std::exception& e) noexcept {
   }
 }
 
-bool Heartbeat::beat(Item& item) {
-  HeartbeatLease& lease = *item.lease;
-  if (lease.removed_.load(std::memory_order_acquire)) return false;
-  // SPEC §6: the new local deadline counts from when the extend was sent, plus the time left
-  // that the store reports by its own clock. The coarse clock (a few ms behind at most) is
-  // cheaper; very short intervals need the precise one, or every lease would look due.
-  const auto sent = lease.interval_ >= kCoarseEnough ? coarse_now() : SteadyClock::now();
+void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& requests,
+                     std::vector<std::size_t>& sent_for) {
+  // Leases removed while they waited in the batch are not extended.
+  requests.clear();
+  sent_for.clear();
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const HeartbeatLease& lease = *batch[i].lease;
+    if (lease.removed_.load(std::memory_order_acquire)) continue;
+    requests.push_back(ExtendRequest{lease.scope(), lease.key(), lease.token_, lease.lease_});
+    sent_for.push_back(i);
+  }
+  if (requests.empty()) return;
+  // SPEC §6: each new local deadline counts from when the extend was sent, plus the time
+  // left that the store reports by its own clock.
+  const auto sent = SteadyClock::now();
+  std::vector<ExtendResult> results;
   try {
-    const ExtendResult r = store_.extend(lease.scope(), lease.key(), lease.token_, lease.lease_);
-    if (lease.removed_.load(std::memory_order_acquire)) return false;
+    // One call for every due lease: a store with a batched form (PostgreSQL, Redis) pays
+    // one round trip for the batch instead of one per lease.
+    results = store_.extend_many(requests);
+  } catch (const std::exception& e) {
+    report(e);
+  } catch (...) {
+    report(std::runtime_error("the store threw an exception that is not a std::exception"));
+  }
+  if (results.empty()) {
+    for (const std::size_t i : sent_for) retry_after_error(batch[i]);
+    return;
+  }
+  for (std::size_t n = 0; n < sent_for.size(); ++n) {
+    Item& item = batch[sent_for[n]];
+    HeartbeatLease& lease = *item.lease;
+    if (lease.removed_.load(std::memory_order_acquire)) continue;
+    const ExtendResult& r = results[n];
     if (!r.done()) {
       // Fenced: somebody stole or deleted the record; the action should stop.
       lease.stop_.request_stop();
-      return false;
+      continue;
     }
     const auto remaining = std::chrono::duration_cast<SteadyClock::duration>(r.lease_remaining);
     lease.local_deadline_.store((sent + remaining).time_since_epoch().count(),
@@ -204,32 +232,38 @@ bool Heartbeat::beat(Item& item) {
     item.due = r.lease_remaining > lease.interval_
                    ? sent + lease.interval_
                    : sent + std::max<SteadyClock::duration>(remaining / 2, kMinRetry);
-    return true;
-  } catch (const std::exception& e) {
-    report(e);
-  } catch (...) {
-    report(std::runtime_error("the store threw an exception that is not a std::exception"));
   }
-  if (lease.removed_.load(std::memory_order_acquire)) return false;
+}
+
+void Heartbeat::retry_after_error(Item& item) {
+  HeartbeatLease& lease = *item.lease;
+  if (lease.removed_.load(std::memory_order_acquire)) return;
   // SPEC §6: extends that keep failing until the local deadline has passed lose the lease.
   const auto now = SteadyClock::now();
   const auto deadline = lease.local_deadline();
   if (now >= deadline) {
     lease.stop_.request_stop();
-    return false;
+    return;
   }
   const Duration retry = std::clamp(lease.interval_ / 4, kMinRetry, kMaxRetry);
   item.due = std::min(now + retry, deadline);
-  return true;
 }
 
 void Heartbeat::loop() {
   std::vector<Item> batch;
   batch.reserve(kBatch);
+  std::vector<ExtendRequest> requests;
+  requests.reserve(kBatch);
+  std::vector<std::size_t> sent_for;
+  sent_for.reserve(kBatch);
   std::unique_lock lock(mu_);
   while (!stopping_) {
     const auto now = SteadyClock::now();
-    while (!heap_.empty() && batch.size() < kBatch && heap_.front().due <= now) {
+    // Leases due within a small fraction of their interval go out with the ones already
+    // due: an extend that comes a little early costs nothing, and the batch saves a round
+    // trip each on a networked store.
+    while (!heap_.empty() && batch.size() < kBatch &&
+           heap_.front().due <= now + heap_.front().lease->interval_ / kEarlyFraction) {
       Item item = take(0);
       item.lease->slot_ = HeartbeatLease::kExtending;
       batch.push_back(std::move(item));
@@ -248,9 +282,9 @@ void Heartbeat::loop() {
     wake_at_ = SteadyClock::time_point::min();
     lock.unlock();
     // Store calls happen without the lock, so add() and remove() never wait on the store.
-    // beat() returns false only for a lease that was removed or lost; both are checked
-    // again below, under the lock, since remove() may come at any moment.
-    for (Item& item : batch) (void)beat(item);
+    // Leases removed or lost meanwhile are checked again below, under the lock, since
+    // remove() may come at any moment.
+    beat(batch, requests, sent_for);
     lock.lock();
     bool dropped = false;
     for (Item& item : batch) {

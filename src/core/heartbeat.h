@@ -125,8 +125,13 @@ class Heartbeat {
     std::shared_ptr<HeartbeatLease> lease;
   };
   void loop();
-  // Extends one lease; returns false when the lease leaves the schedule (lost or removed).
-  bool beat(Item& item);
+  // Extends the leases of `batch` in one Store::extend_many call and sets each one's next
+  // due time, or requests its stop token when it is lost. `requests` and `sent_for` are
+  // scratch space kept across calls.
+  void beat(std::vector<Item>& batch, std::vector<ExtendRequest>& requests,
+            std::vector<std::size_t>& sent_for);
+  // After a failed extend: the next try, or the lease lost once its local deadline passed.
+  void retry_after_error(Item& item);
   void report(const std::exception& e) noexcept;
   // The indexed heap's moves, guarded by mu_: every move records the item's new slot.
   void place(std::size_t slot, Item item) noexcept;

@@ -67,6 +67,31 @@ ExtendResult Store::extend(std::string_view scope, std::string_view key, Token t
   return do_extend(scope, key, token, lease);
 }
 
+std::vector<ExtendResult> Store::extend_many(std::span<const ExtendRequest> requests) {
+  for (const ExtendRequest& r : requests) {
+    validate_scope(r.scope);
+    validate_key(r.key);
+    validate_duration("lease duration", r.lease);
+  }
+  if (requests.empty()) return {};
+  std::vector<ExtendResult> results = do_extend_many(requests);
+  if (results.size() != requests.size()) {
+    throw StoreUnavailable(describe(), "extend_many returned " + std::to_string(results.size()) +
+                                           " results for " + std::to_string(requests.size()) +
+                                           " requests");
+  }
+  return results;
+}
+
+std::vector<ExtendResult> Store::do_extend_many(std::span<const ExtendRequest> requests) {
+  std::vector<ExtendResult> results;
+  results.reserve(requests.size());
+  for (const ExtendRequest& r : requests) {
+    results.push_back(do_extend(r.scope, r.key, r.token, r.lease));
+  }
+  return results;
+}
+
 std::size_t Store::purge(std::size_t limit) {
   if (limit == 0) throw InvalidArgument("purge limit", "must be at least 1");
   return do_purge(limit);

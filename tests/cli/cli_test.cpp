@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -145,15 +147,29 @@ struct StoreCase {
 // Names the store in test output instead of dumping the object's bytes.
 void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
 
+// A server store runs when this build includes it and the test script started its server
+// (IDEM_TEST_<STORE>_URL); with IDEM_REQUIRE_SERVERS=1 a built store whose server is missing
+// fails the run instead of leaving its cases out.
+void add_server_store(std::vector<StoreCase>& out, const std::string& name,
+                      const std::string& scheme, const char* env) {
+  const auto schemes = idem::available_schemes();
+  if (std::find(schemes.begin(), schemes.end(), scheme) == schemes.end()) return;
+  const char* url = std::getenv(env);
+  if (url == nullptr || *url == '\0') {
+    const char* required = std::getenv("IDEM_REQUIRE_SERVERS");
+    if (required != nullptr && std::string(required) == "1") {
+      throw std::runtime_error(std::string("IDEM_REQUIRE_SERVERS=1 but ") + env + " is not set");
+    }
+    return;
+  }
+  out.push_back({name, [u = std::string(url)](const TempDir&) { return u; }});
+}
+
 std::vector<StoreCase> shared_stores() {
   std::vector<StoreCase> out;
   out.push_back({"sqlite", [](const TempDir& d) { return "sqlite://" + (d / "idem.db"); }});
-  if (const char* pg = std::getenv("IDEM_TEST_POSTGRES_URL"); pg != nullptr && *pg != '\0') {
-    out.push_back({"postgres", [url = std::string(pg)](const TempDir&) { return url; }});
-  }
-  if (const char* redis = std::getenv("IDEM_TEST_REDIS_URL"); redis != nullptr && *redis != '\0') {
-    out.push_back({"redis", [url = std::string(redis)](const TempDir&) { return url; }});
-  }
+  add_server_store(out, "postgres", "postgresql", "IDEM_TEST_POSTGRES_URL");
+  add_server_store(out, "redis", "redis", "IDEM_TEST_REDIS_URL");
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 
 #include <string>
+#include <vector>
 
 #include "support/matchers.h"
 #include "conformance/store_conformance.h"
@@ -335,6 +336,107 @@ TEST_P(StoreConformance, ExtendOnAbsentKeyIsFencedAndWritesNothing) {
   const Token other = acquire_fresh("s", "other", live(), live()).token;
   EXPECT_THAT(store().extend("s", "k", other, live()), IsFenced());
   EXPECT_EQ(store().get("s", "k"), std::nullopt);
+}
+
+// ---- extend_many (the heartbeat's batched extend) ----
+
+TEST_P(StoreConformance, ExtendManyGivesEachLeaseItsOwnOutcomeInOrder) {
+  const Lease live_lease = acquire_fresh("s", "live", ticks(4), live());
+  const Lease released = acquire_fresh("s", "released", live(), live());
+  ASSERT_THAT(store().release("s", "released", released.token), IsDone());
+  const Token completed = acquire_and_complete("s", "completed", "p", live());
+  const Lease stale = acquire_fresh("s", "stolen", ticks(2), live());
+  const Lease other = acquire_fresh("t", "live", ticks(4), live());
+  pass(ticks(3));
+  ASSERT_THAT(store().acquire("s", "stolen", live(), live()), IsStolen(2));
+  const Record completed_before = expect_record("s", "completed");
+  const Record stolen_before = expect_record("s", "stolen");
+
+  const std::vector<ExtendRequest> batch = {
+      {"s", "live", live_lease.token, ticks(10)},
+      {"s", "released", released.token, ticks(10)},
+      {"s", "completed", completed, ticks(10)},
+      {"s", "stolen", stale.token, ticks(10)},
+      {"s", "absent", live_lease.token, ticks(10)},
+      {"t", "live", other.token, ticks(20)},
+      {"s", "live", other.token, ticks(10)},
+  };
+  const std::vector<ExtendResult> results = store().extend_many(batch);
+  ASSERT_EQ(results.size(), batch.size());
+  // SPEC §4: each entry is judged as a lone extend would be.
+  EXPECT_THAT(results[0], IsDone());
+  EXPECT_THAT(results[1], IsFenced());
+  EXPECT_THAT(results[2], IsFenced());
+  EXPECT_THAT(results[3], IsFenced());
+  EXPECT_THAT(results[4], IsFenced());
+  EXPECT_THAT(results[5], IsDone());
+  EXPECT_THAT(results[6], IsFenced());
+  if (fake_clock()) {
+    EXPECT_EQ(results[0].lease_expires_at, now() + ticks(10));
+    EXPECT_EQ(results[0].lease_remaining, ticks(10));
+    EXPECT_EQ(results[5].lease_expires_at, now() + ticks(20));
+    EXPECT_EQ(results[5].lease_remaining, ticks(20));
+  } else {
+    EXPECT_GT(results[0].lease_remaining, ticks(8));
+    EXPECT_LE(results[0].lease_remaining, ticks(10));
+    EXPECT_GT(results[5].lease_remaining, ticks(18));
+    EXPECT_LE(results[5].lease_remaining, ticks(20));
+  }
+  expect_same_instant(expect_record("s", "live").lease_expires_at, results[0].lease_expires_at,
+                      "lease_expires_at of s/live");
+  expect_same_instant(expect_record("t", "live").lease_expires_at, results[5].lease_expires_at,
+                      "lease_expires_at of t/live");
+  // Fenced entries changed nothing.
+  EXPECT_EQ(store().get("s", "released"), std::nullopt);
+  EXPECT_EQ(store().get("s", "absent"), std::nullopt);
+  expect_same_record(completed_before, expect_record("s", "completed"));
+  expect_same_record(stolen_before, expect_record("s", "stolen"));
+
+  // The extended leases outlive their first deadline.
+  pass(ticks(5));
+  EXPECT_THAT(store().acquire("s", "live", live(), live()), IsBusy());
+  EXPECT_THAT(store().acquire("t", "live", live(), live()), IsBusy());
+}
+
+TEST_P(StoreConformance, ExtendManyOfNothingIsNothing) {
+  EXPECT_TRUE(store().extend_many({}).empty());
+}
+
+TEST_P(StoreConformance, ExtendManyOfManyLeasesExtendsEveryOne) {
+  std::vector<std::string> keys;
+  std::vector<Token> tokens;
+  for (int i = 0; i < 300; ++i) {
+    keys.push_back("k" + std::to_string(i));
+    tokens.push_back(acquire_fresh("s", keys.back(), ticks(4), live()).token);
+  }
+  pass(ticks(2));
+  std::vector<ExtendRequest> batch;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    batch.push_back({"s", keys[i], tokens[i], ticks(10)});
+  }
+  const std::vector<ExtendResult> results = store().extend_many(batch);
+  ASSERT_EQ(results.size(), batch.size());
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    EXPECT_THAT(results[i], IsDone()) << "lease " << i;
+  }
+  pass(ticks(3));
+  for (std::size_t i = 0; i < keys.size(); i += 37) {
+    EXPECT_THAT(store().acquire("s", keys[i], live(), live()), IsBusy()) << "key " << keys[i];
+  }
+}
+
+TEST_P(StoreConformance, ExtendManyValidatesEveryRequestBeforeWriting) {
+  const Lease lease = acquire_fresh("s", "k", ticks(4), live());
+  const Record before = expect_record("s", "k");
+  pass(ticks(1));
+  const std::vector<ExtendRequest> batch = {{"s", "k", lease.token, ticks(10)},
+                                            {"s", "", lease.token, ticks(10)}};
+  // SPEC §10: bad input is refused before anything is written.
+  EXPECT_THAT([&] { (void)store().extend_many(batch); }, ThrowsIdem(ErrorCode::kInvalidArgument));
+  const std::vector<ExtendRequest> zero = {{"s", "k", lease.token, ticks(10)},
+                                           {"s", "k", lease.token, Duration::zero()}};
+  EXPECT_THAT([&] { (void)store().extend_many(zero); }, ThrowsIdem(ErrorCode::kInvalidArgument));
+  expect_same_record(before, expect_record("s", "k"));
 }
 
 }  // namespace

@@ -123,6 +123,10 @@ ExtendResult FaultStore::do_extend(std::string_view scope, std::string_view key,
   return StoreWrapper::do_extend(scope, key, token, lease);
 }
 
+std::vector<ExtendResult> FaultStore::do_extend_many(std::span<const ExtendRequest> requests) {
+  return Store::do_extend_many(requests);
+}
+
 std::size_t FaultStore::do_purge(std::size_t limit) {
   enter(Op::kPurge);
   return StoreWrapper::do_purge(limit);

@@ -59,6 +59,9 @@ class FaultStore : public StoreWrapper {
   WriteResult do_release(std::string_view scope, std::string_view key, Token token) override;
   ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
                          Duration lease) override;
+  // One extend at a time through do_extend, so faults injected on kExtend apply to every
+  // lease of a batched heartbeat and calls(kExtend) counts leases extended.
+  std::vector<ExtendResult> do_extend_many(std::span<const ExtendRequest> requests) override;
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;
