@@ -4,7 +4,9 @@
 // Opened by sqlite:///absolute/path.db or sqlite:relative/path.db (see open_store.h).
 
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "idem/clock.h"
 #include "idem/store.h"
@@ -45,6 +47,8 @@ class SqliteStore final : public Store {
   WriteResult do_release(std::string_view scope, std::string_view key, Token token) override;
   ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
                          Duration lease) override;
+  // All the extends in one write transaction (through the group commit, like every write).
+  std::vector<ExtendResult> do_extend_many(std::span<const ExtendRequest> requests) override;
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;

@@ -276,7 +276,7 @@ Judgement judge(const Query& q, bool found, Timestamp now) {
 
 // One write queued for the group commit: its inputs, then its result.
 struct WriteOp : QueuedWrite {
-  enum class Kind { kAcquire, kComplete, kRelease, kExtend, kPurge, kForget };
+  enum class Kind { kAcquire, kComplete, kRelease, kExtend, kExtendMany, kPurge, kForget };
   explicit WriteOp(Kind k) : kind(k) {}
 
   const Kind kind;
@@ -287,11 +287,13 @@ struct WriteOp : QueuedWrite {
   Duration lease{0};
   Duration ttl{0};
   std::optional<std::string_view> fingerprint;
-  std::size_t limit = 0;  // purge
+  std::size_t limit = 0;                     // purge
+  std::span<const ExtendRequest> extends;    // extend_many
 
   std::optional<AcquireResult> acquired;
   WriteResult written = WriteResult::kFenced;
   ExtendResult extended;
+  std::vector<ExtendResult> extended_many;
   std::size_t deleted = 0;  // purge, forget
 };
 
@@ -365,16 +367,17 @@ WriteResult release_locked(PooledConnection& c, const WriteOp& op) {
   return changed > 0 ? WriteResult::kDone : WriteResult::kFenced;
 }
 
-ExtendResult extend_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
-  const Timestamp deadline = now + op.lease;
+ExtendResult extend_locked(PooledConnection& c, std::string_view scope, std::string_view key,
+                           Token token, Duration lease, Timestamp now) {
+  const Timestamp deadline = now + lease;
   Query q(c.conn, c.extend);
-  const int changed = q.bind(1, op.scope)
-                          .bind(2, op.key)
-                          .bind(3, static_cast<std::int64_t>(op.token))
+  const int changed = q.bind(1, scope)
+                          .bind(2, key)
+                          .bind(3, static_cast<std::int64_t>(token))
                           .bind_time(4, deadline)
                           .run();
   if (changed == 0) return ExtendResult{};
-  return ExtendResult{WriteResult::kDone, deadline, op.lease};
+  return ExtendResult{WriteResult::kDone, deadline, lease};
 }
 
 std::size_t purge_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
@@ -388,7 +391,9 @@ std::size_t forget_locked(PooledConnection& c, const WriteOp& op) {
   return static_cast<std::size_t>(q.bind(1, op.scope).bind(2, op.key).run());
 }
 
-void run_locked(PooledConnection& c, WriteOp& op, Timestamp now) {
+// `now` is read per operation (and per extend of an extend_many), as if each ran alone.
+void run_locked(PooledConnection& c, WriteOp& op, const Clock& clock) {
+  const Timestamp now = clock.now();
   switch (op.kind) {
     case WriteOp::Kind::kAcquire:
       op.acquired = acquire_locked(c, op, now);
@@ -400,7 +405,15 @@ void run_locked(PooledConnection& c, WriteOp& op, Timestamp now) {
       op.written = release_locked(c, op);
       break;
     case WriteOp::Kind::kExtend:
-      op.extended = extend_locked(c, op, now);
+      op.extended = extend_locked(c, op.scope, op.key, op.token, op.lease, now);
+      break;
+    case WriteOp::Kind::kExtendMany:
+      op.extended_many.clear();  // a batch that ran again starts over
+      op.extended_many.reserve(op.extends.size());
+      for (const ExtendRequest& r : op.extends) {
+        op.extended_many.push_back(extend_locked(c, r.scope, r.key, r.token, r.lease,
+                                                 op.extended_many.empty() ? now : clock.now()));
+      }
       break;
     case WriteOp::Kind::kPurge:
       op.deleted = purge_locked(c, op, now);
@@ -595,12 +608,12 @@ struct SqliteStore::Impl {
           if (op.error) continue;
           if (alone) {
             // An error rolls back the transaction, which holds this operation only.
-            run_locked(c, op, now());
+            run_locked(c, op, *clock);
             continue;
           }
           Query(c.conn, c.savepoint).run();
           try {
-            run_locked(c, op, now());
+            run_locked(c, op, *clock);
           } catch (...) {
             op.error = std::current_exception();
             if (!c.conn.in_transaction()) {
@@ -705,6 +718,14 @@ ExtendResult SqliteStore::do_extend(std::string_view scope, std::string_view key
   op.lease = lease;
   impl_->write(op);
   return op.extended;
+}
+
+std::vector<ExtendResult> SqliteStore::do_extend_many(std::span<const ExtendRequest> requests) {
+  WriteOp op(WriteOp::Kind::kExtendMany);
+  op.extends = requests;
+  op.operations = requests.size();
+  impl_->write(op);
+  return std::move(op.extended_many);
 }
 
 std::size_t SqliteStore::do_purge(std::size_t limit) {
