@@ -8,6 +8,7 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -41,6 +42,9 @@ class Connection {
   // Opens (creating when missing) `path` and sets the busy timeout. Throws
   // StoreUnavailable naming `store` when the file cannot be opened.
   Connection(const std::string& path, std::string store, Duration busy_timeout);
+  // The busy handler keeps a pointer to the connection.
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   sqlite3* db() const noexcept { return db_.get(); }
   const std::string& store() const noexcept { return store_; }
@@ -65,8 +69,11 @@ class Connection {
   bool in_transaction() const noexcept { return sqlite3_get_autocommit(db_.get()) == 0; }
 
  private:
+  static int on_busy(void* self, int count) noexcept;
+
   std::string store_;
   Duration busy_timeout_;
+  std::chrono::steady_clock::time_point busy_since_{};
   DbHandle db_;
 };
 
