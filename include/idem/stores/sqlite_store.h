@@ -3,6 +3,8 @@
 // The SQLite store: embedded and durable; several processes on one machine share the file.
 // Opened by sqlite:///absolute/path.db or sqlite:relative/path.db (see open_store.h).
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -29,6 +31,15 @@ struct SqliteStoreOptions {
   std::shared_ptr<const Clock> clock{};
 };
 
+// What the group commit did so far (SqliteStore::write_stats): every write of a store
+// object queues in memory and runs in a batch, one write transaction per batch.
+struct SqliteWriteStats {
+  std::uint64_t transactions = 0;  // batches applied (one write transaction each)
+  std::uint64_t operations = 0;    // operations in them; an extend_many counts each lease
+  std::size_t in_flight = 0;       // writes in the transaction running now
+  std::size_t queued = 0;          // writes waiting for the next one
+};
+
 class SqliteStore final : public Store {
  public:
   // Opens (creating if needed) the database. Throws StoreUnavailable naming the file and
@@ -38,6 +49,10 @@ class SqliteStore final : public Store {
   ~SqliteStore() override;
 
   std::string describe() const override;
+
+  // A snapshot of the group commit's counters, for metrics: operations / transactions is
+  // the mean batch size.
+  SqliteWriteStats write_stats() const;
 
  protected:
   AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,

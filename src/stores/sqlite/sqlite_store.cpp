@@ -655,6 +655,11 @@ SqliteStore::~SqliteStore() = default;
 
 std::string SqliteStore::describe() const { return impl_->describe; }
 
+SqliteWriteStats SqliteStore::write_stats() const {
+  const WriteQueue::Counts c = impl_->writes.counts();
+  return SqliteWriteStats{c.batches, c.operations, c.in_flight, c.queued};
+}
+
 AcquireResult SqliteStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
                                       Duration ttl, std::optional<std::string_view> fingerprint) {
   // A replay or a busy answer must not queue for the write lock: read first, in autocommit,

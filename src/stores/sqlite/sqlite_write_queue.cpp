@@ -19,7 +19,7 @@ WriteQueue::WriteQueue(Limits limits, Apply apply) : limits_(limits), apply_(std
 
 WriteQueue::Counts WriteQueue::counts() const {
   std::lock_guard lock(mu_);
-  return Counts{writers_.size() - in_flight_, batches_, operations_};
+  return Counts{batches_, operations_, in_flight_, writers_.size() - in_flight_};
 }
 
 void WriteQueue::submit(QueuedWrite& w) {

@@ -86,9 +86,10 @@ class WriteQueue {
   };
 
   struct Counts {
-    std::size_t queued = 0;          // writes waiting for a batch right now
-    std::uint64_t batches = 0;       // batches applied so far (one transaction each)
-    std::uint64_t operations = 0;    // operations in them
+    std::uint64_t batches = 0;     // batches applied so far (one transaction each)
+    std::uint64_t operations = 0;  // operations in them
+    std::size_t in_flight = 0;     // writes in the batch being applied now
+    std::size_t queued = 0;        // writes waiting for a batch
   };
   Counts counts() const;
 
