@@ -21,10 +21,11 @@ struct SqliteStoreOptions {
   std::string path;
   // PRAGMA synchronous: "normal" (default; durable across process crashes, may lose the
   // last transactions on power loss) or "full" (also durable across power loss; each write
-  // waits for an fsync).
+  // transaction waits for an fsync, and concurrent writes share one).
   std::string synchronous = "normal";
-  // How long an operation waits for another connection's lock before failing with
-  // StoreUnavailable. 0: fail at once.
+  // How long a transaction waits for another process's (or store object's) lock before
+  // failing with StoreUnavailable; this store's own writes queue in memory instead. A write
+  // queued behind a batch that is waiting too may take up to twice this. 0: fail at once.
   Duration busy_timeout{5000};
   // The clock expiry is judged by. Null: the system clock (wall milliseconds), which every
   // process on the machine shares.
