@@ -30,9 +30,8 @@ void WriteQueue::submit(QueuedWrite& w) {
   if (writers_.size() > 1) {
     // Somebody leads already: wait to be applied by a leader, or to lead the next batch.
     lock.unlock();
-    {
-      std::unique_lock mine(w.mu_);
-      w.cv_.wait(mine, [&] { return w.state_ != QueuedWrite::State::kQueued; });
+    while (sem_wait(&w.wake_) != 0) {
+      // EINTR: a signal handler ran; wait on.
     }
     if (w.state_ == QueuedWrite::State::kLead) {
       lock.lock();
@@ -98,18 +97,15 @@ void WriteQueue::lead(QueuedWrite& self, std::unique_lock<std::mutex>& lock) {
   lock.unlock();
 
   // The next leader first, so its transaction starts while this one wakes its followers.
-  // Each is notified under its own mutex: once it sees its new state it may return and
-  // destroy itself.
+  // Once woken, a write may return and be destroyed: nothing touches it after sem_post.
   if (next != nullptr) {
-    std::lock_guard theirs(next->mu_);
     next->state_ = QueuedWrite::State::kLead;
-    next->cv_.notify_one();
+    sem_post(&next->wake_);
   }
   for (QueuedWrite* w : batch) {
     if (w == &self) continue;
-    std::lock_guard theirs(w->mu_);
     w->state_ = QueuedWrite::State::kDone;
-    w->cv_.notify_one();
+    sem_post(&w->wake_);
   }
   self.state_ = QueuedWrite::State::kDone;
 }

@@ -10,8 +10,9 @@
 // once when other threads are inside a write call but not queued yet (see lead()), so a lone
 // writer leads at once and pays for nothing but a mutex.
 
+#include <semaphore.h>
+
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -26,7 +27,8 @@ namespace idem::sqlite {
 // One write waiting for its turn. The store derives its operations from it.
 class QueuedWrite {
  public:
-  QueuedWrite() = default;
+  QueuedWrite() noexcept { sem_init(&wake_, 0, 0); }
+  ~QueuedWrite() { sem_destroy(&wake_); }
   QueuedWrite(const QueuedWrite&) = delete;
   QueuedWrite& operator=(const QueuedWrite&) = delete;
 
@@ -39,8 +41,10 @@ class QueuedWrite {
  private:
   friend class WriteQueue;
   enum class State { kQueued, kLead, kDone };
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // Posted once by the leader that applied this write, or that hands it the lead. A POSIX
+  // semaphore may be destroyed as soon as sem_wait returns, even while sem_post is still
+  // returning, so the waiter can return at once.
+  sem_t wake_;
   State state_ = State::kQueued;
   std::uint64_t batch_number_ = 0;
   std::uint32_t index_ = 0;
