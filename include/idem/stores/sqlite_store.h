@@ -25,7 +25,8 @@ struct SqliteStoreOptions {
   std::string synchronous = "normal";
   // How long a transaction waits for another process's (or store object's) lock before
   // failing with StoreUnavailable; this store's own writes queue in memory instead. A write
-  // queued behind a batch that is waiting too may take up to twice this. 0: fail at once.
+  // queued behind batches that are waiting too waits for them first, so it may take longer
+  // (about twice this with one batch ahead). 0: fail at once.
   Duration busy_timeout{5000};
   // The clock expiry is judged by. Null: the system clock (wall milliseconds), which every
   // process on the machine shares.
