@@ -14,6 +14,10 @@
 //   run URL KEY PAYLOAD LEASE_MS MAX_WAIT_MS
 //       Runs KEY once, waiting up to MAX_WAIT_MS for a busy key; prints
 //       "ran stolen=S attempt=N token=T", "replay PAYLOAD" or "error MESSAGE".
+//   hammer URL THREADS
+//       THREADS threads run fresh keys hammer-T-N as fast as they can; prints "running" once
+//       the first has completed, and when a line arrives on standard input stops and prints
+//       "done RUNS ERRORS", then the first error's message if there was one.
 //   acquire URL KEY LEASE_MS TTL_MS
 //       Prints "clock MS" (this process's wall clock, which a test may have shifted), then
 //       calls Store::acquire once and prints "acquired TOKEN ATTEMPT STOLEN REMAINING_MS",
@@ -21,14 +25,17 @@
 //   complete URL KEY TOKEN PAYLOAD TTL_MS
 //       Calls Store::complete once; prints "done" or "fenced".
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include "idem/error.h"
 #include "idem/executor.h"
@@ -113,6 +120,39 @@ int run_once(const std::string& url, const std::string& key, const std::string& 
   return 0;
 }
 
+int hammer(const std::string& url, int threads) {
+  idem::Executor exec(idem::open_store(url),
+                      idem::ExecutorOptions{.lease = 30s, .on_heartbeat_error = nullptr});
+  std::atomic<bool> stop{false};
+  std::atomic<long> runs{0};
+  std::atomic<long> errors{0};
+  std::mutex mu;
+  std::string first_error;
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      for (long i = 0; !stop; ++i) {
+        const std::string key = "hammer-" + std::to_string(t) + "-" + std::to_string(i);
+        try {
+          (void)exec.run(kScope, key, [](const idem::Attempt&) { return std::string(64, 'h'); });
+          if (runs.fetch_add(1) == 0) std::cout << "running" << std::endl;
+        } catch (const std::exception& e) {
+          errors.fetch_add(1);
+          std::lock_guard lock(mu);
+          if (first_error.empty()) first_error = e.what();
+        }
+      }
+    });
+  }
+  std::string line;
+  std::getline(std::cin, line);
+  stop = true;
+  for (std::thread& w : workers) w.join();
+  std::cout << "done " << runs << " " << errors << std::endl;
+  if (!first_error.empty()) std::cout << first_error << std::endl;
+  return 0;
+}
+
 int acquire_once(const std::string& url, const std::string& key, int lease_ms, int ttl_ms) {
   std::cout << "clock "
             << std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -151,6 +191,7 @@ int main(int argc, char** argv) {
       return race(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoll(argv[5]), argv[6]);
     }
     if (mode == "hold" && argc == 5) return hold(argv[2], argv[3], std::stoi(argv[4]));
+    if (mode == "hammer" && argc == 4) return hammer(argv[2], std::stoi(argv[3]));
     if (mode == "acquire" && argc == 6) {
       return acquire_once(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]));
     }

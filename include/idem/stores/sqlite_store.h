@@ -3,8 +3,12 @@
 // The SQLite store: embedded and durable; several processes on one machine share the file.
 // Opened by sqlite:///absolute/path.db or sqlite:relative/path.db (see open_store.h).
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "idem/clock.h"
 #include "idem/store.h"
@@ -18,10 +22,12 @@ struct SqliteStoreOptions {
   std::string path;
   // PRAGMA synchronous: "normal" (default; durable across process crashes, may lose the
   // last transactions on power loss) or "full" (also durable across power loss; each write
-  // waits for an fsync).
+  // transaction waits for an fsync, and concurrent writes share one).
   std::string synchronous = "normal";
-  // How long an operation waits for another connection's lock before failing with
-  // StoreUnavailable. 0: fail at once.
+  // How long a transaction waits for another process's (or store object's) lock before
+  // failing with StoreUnavailable; this store's own writes queue in memory instead. A write
+  // queued behind batches that are waiting too waits for them first, so it may take longer
+  // (about twice this with one batch ahead). 0: fail at once.
   Duration busy_timeout{5000};
   // The clock expiry is judged by. Null: the system clock (wall milliseconds), which every
   // process on the machine shares.
@@ -36,6 +42,15 @@ struct SqliteStoreOptions {
   bool create_if_missing = true;
 };
 
+// What the group commit did so far (SqliteStore::write_stats): every write of a store
+// object queues in memory and runs in a batch, one write transaction per batch.
+struct SqliteWriteStats {
+  std::uint64_t transactions = 0;  // batches applied (one write transaction each)
+  std::uint64_t operations = 0;    // operations in them; an extend_many counts each lease
+  std::size_t in_flight = 0;       // writes in the transaction running now
+  std::size_t queued = 0;          // writes waiting for the next one
+};
+
 class SqliteStore final : public Store {
  public:
   // Opens (creating if needed and allowed) the database. Throws StoreUnavailable naming the
@@ -46,6 +61,10 @@ class SqliteStore final : public Store {
 
   std::string describe() const override;
 
+  // A snapshot of the group commit's counters, for metrics: operations / transactions is
+  // the mean batch size.
+  SqliteWriteStats write_stats() const;
+
  protected:
   AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
                            Duration ttl, std::optional<std::string_view> fingerprint) override;
@@ -54,6 +73,8 @@ class SqliteStore final : public Store {
   WriteResult do_release(std::string_view scope, std::string_view key, Token token) override;
   ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
                          Duration lease) override;
+  // All the extends in one write transaction (through the group commit, like every write).
+  std::vector<ExtendResult> do_extend_many(std::span<const ExtendRequest> requests) override;
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;

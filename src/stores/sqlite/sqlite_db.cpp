@@ -1,9 +1,12 @@
 #include "stores/sqlite/sqlite_db.h"
 
+#include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "idem/error.h"
@@ -63,8 +66,27 @@ void Connection::open(const char* name, int flags) {
   db_.reset(raw);  // sqlite3_open_v2 hands out a handle even on failure; it must be closed.
   if (raw == nullptr) throw StoreUnavailable(store_, "cannot open: out of memory");
   check(rc, "cannot open the database file");
-  check(sqlite3_busy_timeout(raw, static_cast<int>(busy_timeout_.count())),
-        "cannot set the busy timeout");
+  check(sqlite3_busy_handler(raw, &Connection::on_busy, this), "cannot set the busy handler");
+}
+
+// Called by SQLite while another connection holds a lock this one needs; returns 0 to give
+// up (SQLITE_BUSY) once the busy timeout has passed. SQLite's own handler sleeps in steps
+// that grow to 100 ms, so a waiter mostly sleeps through the short gaps between another
+// process's transactions and a process writing hard can starve it past the timeout. This
+// one tries again after 50 us, doubling the pause up to 1 ms: a waiter gets in within a
+// transaction or two of the other process's, and each try is one failed lock call.
+int Connection::on_busy(void* self, int count) noexcept {
+  constexpr auto kFirstPause = std::chrono::microseconds(50);
+  constexpr auto kMaxPause = std::chrono::microseconds(1000);
+  auto* c = static_cast<Connection*>(self);
+  const auto now = std::chrono::steady_clock::now();
+  if (count == 0) c->busy_since_ = now;
+  const auto waited = now - c->busy_since_;
+  if (waited >= c->busy_timeout_) return 0;
+  const auto pause = count >= 5 ? kMaxPause : std::min(kFirstPause * (1 << count), kMaxPause);
+  std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+      pause, c->busy_timeout_ - waited));
+  return 1;
 }
 
 int Connection::check(int rc, std::string_view what) const {

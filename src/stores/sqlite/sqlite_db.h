@@ -8,6 +8,7 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,12 +46,15 @@ enum class OpenMode {
 // out), so it is opened with SQLITE_OPEN_NOMUTEX.
 class Connection {
  public:
-  // Opens `path` as `mode` says and sets the busy timeout. Throws StoreUnavailable naming
+  // Opens `path` as `mode` says and sets the busy handler. Throws StoreUnavailable naming
   // `store` when the file cannot be opened. A read-only connection to a WAL file whose
   // shared-memory index cannot be created (a read-only directory with no -wal file, so no
   // other connection is open) reads the file as it is on disk (SQLite's immutable mode).
   Connection(const std::string& path, std::string store, Duration busy_timeout,
              OpenMode mode = OpenMode::kCreate);
+  // The busy handler keeps a pointer to the connection.
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   sqlite3* db() const noexcept { return db_.get(); }
   const std::string& store() const noexcept { return store_; }
@@ -75,11 +79,13 @@ class Connection {
   bool in_transaction() const noexcept { return sqlite3_get_autocommit(db_.get()) == 0; }
 
  private:
-  // Opens `name` with `flags` in place of the current handle and sets the busy timeout.
+  // Opens `name` with `flags` in place of the current handle and sets the busy handler.
   void open(const char* name, int flags);
+  static int on_busy(void* self, int count) noexcept;
 
   std::string store_;
   Duration busy_timeout_;
+  std::chrono::steady_clock::time_point busy_since_{};
   DbHandle db_;
 };
 

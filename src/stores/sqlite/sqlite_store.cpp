@@ -1,6 +1,7 @@
 #include "idem/stores/sqlite_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <charconv>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -17,6 +19,7 @@
 #include "idem/open_store.h"
 #include "stores/sqlite/sqlite_db.h"
 #include "stores/sqlite/sqlite_sql.h"
+#include "stores/sqlite/sqlite_write_queue.h"
 
 namespace idem {
 namespace {
@@ -33,8 +36,10 @@ using sqlite::kSqlExtend;
 using sqlite::kSqlPurge;
 using sqlite::kSqlForget;
 using sqlite::Query;
+using sqlite::QueuedWrite;
 using sqlite::Statement;
 using sqlite::Transaction;
+using sqlite::WriteQueue;
 
 // PRAGMA application_id marks the file as ours ("idem" in ASCII); PRAGMA user_version is the
 // schema version. A file with another application id, or with tables but no id, is not an
@@ -76,8 +81,16 @@ constexpr int kComplete = 1;
 
 // Records deleted per purge transaction, so a purge never holds the write lock for long.
 constexpr std::size_t kPurgeBatch = 256;
-// Idle connections kept open; more are opened under load and closed when returned.
+// Idle connections kept open for reads; more are opened under load and closed when
+// returned. Writes all go through the one writer connection.
 constexpr std::size_t kMaxIdleConnections = 16;
+// The group commit's bounds: operations and payload bytes in one write transaction. A
+// transaction of 64 small operations holds the write lock for well under a millisecond.
+constexpr WriteQueue::Limits kBatchLimits{.max_operations = 64,
+                                          .max_bytes = std::size_t{1} << 20};
+// A checkpoint copies the WAL back into the database file once the WAL holds this many
+// frames (SQLite's own default for PRAGMA wal_autocheckpoint).
+constexpr int kCheckpointFrames = 1000;
 
 // Columns of kSqlSelectRecord, in order.
 enum Col {
@@ -108,6 +121,9 @@ struct PooledConnection {
   Statement begin;
   Statement commit;
   Statement rollback;
+  Statement savepoint;
+  Statement release_savepoint;
+  Statement rollback_to_savepoint;
 
   PooledConnection(const std::string& path, const std::string& store, Duration busy_timeout,
                    const std::string& synchronous, OpenMode mode, bool first)
@@ -128,6 +144,9 @@ struct PooledConnection {
     begin = conn.prepare("BEGIN IMMEDIATE", "begin write transaction");
     commit = conn.prepare("COMMIT", "commit");
     rollback = conn.prepare("ROLLBACK", "rollback");
+    savepoint = conn.prepare("SAVEPOINT op", "savepoint");
+    release_savepoint = conn.prepare("RELEASE op", "release savepoint");
+    rollback_to_savepoint = conn.prepare("ROLLBACK TO op", "rollback to savepoint");
   }
 
   Transaction write_transaction() { return Transaction(conn, begin, commit, rollback); }
@@ -266,6 +285,156 @@ Judgement judge(const Query& q, bool found, Timestamp now) {
   return j;
 }
 
+// One write queued for the group commit: its inputs, then its result.
+struct WriteOp : QueuedWrite {
+  enum class Kind { kAcquire, kComplete, kRelease, kExtend, kExtendMany, kPurge, kForget };
+  explicit WriteOp(Kind k) : kind(k) {}
+
+  const Kind kind;
+  std::string_view scope;
+  std::string_view key;
+  Token token = 0;
+  std::string_view payload;
+  Duration lease{0};
+  Duration ttl{0};
+  std::optional<std::string_view> fingerprint;
+  std::size_t limit = 0;                     // purge
+  std::span<const ExtendRequest> extends;    // extend_many
+
+  std::optional<AcquireResult> acquired;
+  WriteResult written = WriteResult::kFenced;
+  ExtendResult extended;
+  std::vector<ExtendResult> extended_many;
+  std::size_t deleted = 0;  // purge, forget
+};
+
+// The operations as they run inside a write transaction, each judged at its own `now`.
+
+// Absent, expired or stealable when read before queueing: decide again under the write
+// lock, since another process, or an earlier write of this batch, may have written the
+// record since the read.
+AcquireResult acquire_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
+  Judgement j;
+  {
+    Query q(c.conn, c.select_record);
+    const bool found = q.bind(1, op.scope).bind(2, op.key).step();
+    j = judge(q, found, now);
+  }
+  if (j.answer) return std::move(*j.answer);
+  Token token = 0;
+  {
+    Query q(c.conn, c.next_token);
+    if (!q.step()) c.conn.fail(SQLITE_CORRUPT, "next token: the idem_meta row is missing");
+    token = static_cast<Token>(q.column_int(0));
+    while (q.step()) {
+    }
+  }
+  const Timestamp lease_expires_at = now + op.lease;
+  const Timestamp expires_at = now + op.ttl;
+  {
+    Query q(c.conn, c.write_lease);
+    q.bind(1, op.scope)
+        .bind(2, op.key)
+        .bind(3, static_cast<std::int64_t>(token))
+        .bind(4, static_cast<std::int64_t>(j.attempt))
+        .bind_time(5, now)
+        .bind_time(6, lease_expires_at)
+        .bind_time(7, expires_at);
+    if (op.fingerprint) {
+      q.bind(8, *op.fingerprint);
+    } else {
+      q.bind_null(8);
+    }
+    q.run();
+  }
+  return Acquired{Lease{token, now, lease_expires_at, expires_at, op.lease, j.attempt}, j.stolen};
+}
+
+WriteResult complete_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
+  const auto tok = static_cast<std::int64_t>(op.token);
+  int changed = 0;
+  {
+    Query q(c.conn, c.complete);
+    changed = q.bind(1, op.scope)
+                  .bind(2, op.key)
+                  .bind(3, tok)
+                  .bind(4, op.payload)
+                  .bind_time(5, now)
+                  .bind_time(6, now + op.ttl)
+                  .run();
+  }
+  if (changed > 0) return WriteResult::kDone;
+  // SPEC §4: a complete repeated with the token that completed the record succeeds and
+  // changes nothing.
+  Query q(c.conn, c.completed_by);
+  return q.bind(1, op.scope).bind(2, op.key).bind(3, tok).step() ? WriteResult::kDone
+                                                                  : WriteResult::kFenced;
+}
+
+WriteResult release_locked(PooledConnection& c, const WriteOp& op) {
+  Query q(c.conn, c.release);
+  const int changed =
+      q.bind(1, op.scope).bind(2, op.key).bind(3, static_cast<std::int64_t>(op.token)).run();
+  return changed > 0 ? WriteResult::kDone : WriteResult::kFenced;
+}
+
+ExtendResult extend_locked(PooledConnection& c, std::string_view scope, std::string_view key,
+                           Token token, Duration lease, Timestamp now) {
+  const Timestamp deadline = now + lease;
+  Query q(c.conn, c.extend);
+  const int changed = q.bind(1, scope)
+                          .bind(2, key)
+                          .bind(3, static_cast<std::int64_t>(token))
+                          .bind_time(4, deadline)
+                          .run();
+  if (changed == 0) return ExtendResult{};
+  return ExtendResult{WriteResult::kDone, deadline, lease};
+}
+
+std::size_t purge_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
+  Query q(c.conn, c.purge);
+  return static_cast<std::size_t>(
+      q.bind_time(1, now).bind(2, static_cast<std::int64_t>(op.limit)).run());
+}
+
+std::size_t forget_locked(PooledConnection& c, const WriteOp& op) {
+  Query q(c.conn, c.forget);
+  return static_cast<std::size_t>(q.bind(1, op.scope).bind(2, op.key).run());
+}
+
+// `now` is read per operation (and per extend of an extend_many), as if each ran alone.
+void run_locked(PooledConnection& c, WriteOp& op, const Clock& clock) {
+  const Timestamp now = clock.now();
+  switch (op.kind) {
+    case WriteOp::Kind::kAcquire:
+      op.acquired = acquire_locked(c, op, now);
+      break;
+    case WriteOp::Kind::kComplete:
+      op.written = complete_locked(c, op, now);
+      break;
+    case WriteOp::Kind::kRelease:
+      op.written = release_locked(c, op);
+      break;
+    case WriteOp::Kind::kExtend:
+      op.extended = extend_locked(c, op.scope, op.key, op.token, op.lease, now);
+      break;
+    case WriteOp::Kind::kExtendMany:
+      op.extended_many.clear();  // a batch that ran again starts over
+      op.extended_many.reserve(op.extends.size());
+      for (const ExtendRequest& r : op.extends) {
+        op.extended_many.push_back(extend_locked(c, r.scope, r.key, r.token, r.lease,
+                                                 op.extended_many.empty() ? now : clock.now()));
+      }
+      break;
+    case WriteOp::Kind::kPurge:
+      op.deleted = purge_locked(c, op, now);
+      break;
+    case WriteOp::Kind::kForget:
+      op.deleted = forget_locked(c, op);
+      break;
+  }
+}
+
 std::string lowercase(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -282,8 +451,28 @@ struct SqliteStore::Impl {
   OpenMode mode;
   std::shared_ptr<const Clock> clock;
 
+  // Connections for reads.
   std::mutex mu;
   std::vector<std::unique_ptr<PooledConnection>> idle;
+
+  // Every write of this store goes through `writes` and runs on `writer`, which only the
+  // leader of the batch in flight touches (WriteQueue calls apply() for one batch at a time).
+  std::unique_ptr<PooledConnection> writer;
+  // Held by the leader while it applies a batch; a read may use `writer` while it is free.
+  std::mutex writer_mu;
+  WriteQueue writes{kBatchLimits, [this](std::span<QueuedWrite* const> batch) { apply(batch); }};
+
+  // Checkpoints. SQLite's automatic checkpoint would run inside the COMMIT of the writer that
+  // filled the WAL, copying a thousand pages and syncing both files while every writer
+  // queued behind it waits. Instead the writer connection only counts the WAL's frames, and
+  // once there are enough, a writer whose batch is done (its own call waits for this, nobody
+  // else's) checkpoints on a connection of its own while the queue keeps committing. Frames
+  // committed during that pass are copied by the next leader before its BEGIN (a short
+  // catch-up), so the WAL is wholly copied and its next transaction writes it from the
+  // start again instead of growing it.
+  enum class Checkpoint { kIdle, kPassRunning, kCatchUpDue };
+  std::atomic<Checkpoint> checkpoint{Checkpoint::kIdle};
+  std::atomic<int> wal_frames{0};  // frames in the WAL after the writer's last commit
 
   explicit Impl(SqliteStoreOptions options)
       : synchronous(lowercase(std::move(options.synchronous))),
@@ -323,7 +512,7 @@ struct SqliteStore::Impl {
                                               first);
   }
 
-  // A connection borrowed from the pool for one operation.
+  // A connection borrowed from the pool for one read.
   class Borrowed {
    public:
     Borrowed(Impl& impl, std::unique_ptr<PooledConnection> c) : impl_(impl), c_(std::move(c)) {}
@@ -338,26 +527,24 @@ struct SqliteStore::Impl {
     std::unique_ptr<PooledConnection> c_;
   };
 
+  std::unique_ptr<PooledConnection> take_idle() {
+    std::lock_guard lock(mu);
+    if (idle.empty()) return nullptr;
+    std::unique_ptr<PooledConnection> c = std::move(idle.back());
+    idle.pop_back();
+    return c;
+  }
+
   Borrowed borrow() {
-    {
-      std::lock_guard lock(mu);
-      if (!idle.empty()) {
-        std::unique_ptr<PooledConnection> c = std::move(idle.back());
-        idle.pop_back();
-        return Borrowed(*this, std::move(c));
-      }
-    }
+    std::unique_ptr<PooledConnection> c = take_idle();
     // Opening takes a while; other threads keep using the pool meanwhile.
-    return Borrowed(*this, open(/*first=*/false));
+    return Borrowed(*this, c ? std::move(c) : open(/*first=*/false));
   }
 
   void give_back(std::unique_ptr<PooledConnection> c) noexcept {
     // A connection left inside a transaction (a ROLLBACK that failed) is discarded rather
     // than handed to the next caller.
-    if (c->conn.in_transaction()) {
-      sqlite3_exec(c->conn.db(), "ROLLBACK", nullptr, nullptr, nullptr);
-      if (c->conn.in_transaction()) return;
-    }
+    if (!out_of_transaction(*c)) return;
     std::lock_guard lock(mu);
     if (idle.size() >= kMaxIdleConnections) return;
     try {
@@ -365,6 +552,119 @@ struct SqliteStore::Impl {
     } catch (const std::bad_alloc&) {
       // Out of memory: close the connection instead of keeping it.
     }
+  }
+
+  // Rolls back a transaction left open; false when even that failed.
+  static bool out_of_transaction(PooledConnection& c) noexcept {
+    if (c.conn.in_transaction()) sqlite3_exec(c.conn.db(), "ROLLBACK", nullptr, nullptr, nullptr);
+    return !c.conn.in_transaction();
+  }
+
+  // Queues a write and returns once it was applied; throws its error.
+  void write(WriteOp& op) {
+    {
+      // An acquire is counted from before its read (in do_acquire).
+      std::optional<WriteQueue::Caller> caller;
+      if (op.kind != WriteOp::Kind::kAcquire) caller.emplace(writes);
+      writes.submit(op);
+    }
+    if (wal_frames.load(std::memory_order_relaxed) >= kCheckpointFrames) checkpoint_pass();
+  }
+
+  // SQLite calls this on the writer connection after each commit.
+  static int on_commit(void* self, sqlite3* /*db*/, const char* /*schema*/, int frames) {
+    static_cast<Impl*>(self)->wal_frames.store(frames, std::memory_order_relaxed);
+    return SQLITE_OK;
+  }
+
+  // A PASSIVE checkpoint never waits for readers or writers: it copies what no reader still
+  // needs. Its errors are not the caller's (SQLITE_BUSY: another process is checkpointing);
+  // the next commit asks again.
+  static bool checkpoint_passive(sqlite3* db) noexcept {
+    int frames = 0;
+    int copied = 0;
+    const int rc =
+        sqlite3_wal_checkpoint_v2(db, nullptr, SQLITE_CHECKPOINT_PASSIVE, &frames, &copied);
+    return rc == SQLITE_OK && copied >= frames;
+  }
+
+  void checkpoint_pass() noexcept {
+    Checkpoint idle = Checkpoint::kIdle;
+    if (!checkpoint.compare_exchange_strong(idle, Checkpoint::kPassRunning)) return;
+    bool complete = true;
+    try {
+      auto c = borrow();
+      complete = checkpoint_passive(c->conn.db());
+    } catch (...) {
+      // No connection to checkpoint with: the next commit asks again.
+    }
+    if (complete) wal_frames.store(0, std::memory_order_relaxed);
+    checkpoint.store(complete ? Checkpoint::kIdle : Checkpoint::kCatchUpDue);
+  }
+
+  // The leader's part, before it begins a transaction on `c`.
+  void checkpoint_catch_up(PooledConnection& c) noexcept {
+    if (checkpoint.load() != Checkpoint::kCatchUpDue) return;
+    if (checkpoint_passive(c.conn.db())) wal_frames.store(0, std::memory_order_relaxed);
+    checkpoint.store(Checkpoint::kIdle);
+  }
+
+  // The group commit (WriteQueue's leader calls this): applies a batch in one write
+  // transaction, each operation exactly as if it ran alone. Inside a batch of several, each
+  // runs in a savepoint: an operation that fails is rolled back alone and reports its own
+  // error while the others go on. When an error ends the whole transaction (SQLite rolls
+  // back on some I/O and out-of-memory errors), that operation fails and the others run again
+  // in a new transaction: nothing of the first one was committed or reported. A failure of
+  // BEGIN or COMMIT fails every operation of the batch that had not already failed.
+  void apply(std::span<QueuedWrite* const> batch) noexcept {
+    std::lock_guard own_writer(writer_mu);
+    const bool alone = batch.size() == 1;
+    for (bool again = true; again;) {
+      again = false;
+      try {
+        PooledConnection& c = writer_connection();
+        checkpoint_catch_up(c);
+        Transaction tx = c.write_transaction();
+        for (QueuedWrite* q : batch) {
+          auto& op = static_cast<WriteOp&>(*q);
+          if (op.error) continue;
+          if (alone) {
+            // An error rolls back the transaction, which holds this operation only.
+            run_locked(c, op, *clock);
+            continue;
+          }
+          Query(c.conn, c.savepoint).run();
+          try {
+            run_locked(c, op, *clock);
+          } catch (...) {
+            op.error = std::current_exception();
+            if (!c.conn.in_transaction()) {
+              again = true;
+              break;
+            }
+            Query(c.conn, c.rollback_to_savepoint).run();
+          }
+          Query(c.conn, c.release_savepoint).run();
+        }
+        if (!again) tx.commit();
+      } catch (...) {
+        for (QueuedWrite* q : batch) {
+          if (!q->error) q->error = std::current_exception();
+        }
+      }
+    }
+    if (writer && !out_of_transaction(*writer)) writer.reset();
+  }
+
+  PooledConnection& writer_connection() {
+    if (!writer) {
+      std::unique_ptr<PooledConnection> c = take_idle();
+      if (!c) c = open(/*first=*/false);
+      // Replaces SQLite's automatic checkpoint on this connection (see `checkpoint`).
+      sqlite3_wal_hook(c->conn.db(), &Impl::on_commit, this);
+      writer = std::move(c);
+    }
+    return *writer;
   }
 
   Timestamp now() const { return clock->now(); }
@@ -377,125 +677,93 @@ SqliteStore::~SqliteStore() = default;
 
 std::string SqliteStore::describe() const { return impl_->describe; }
 
+SqliteWriteStats SqliteStore::write_stats() const {
+  const WriteQueue::Counts c = impl_->writes.counts();
+  return SqliteWriteStats{c.batches, c.operations, c.in_flight, c.queued};
+}
+
 AcquireResult SqliteStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
                                       Duration ttl, std::optional<std::string_view> fingerprint) {
-  auto c = impl_->borrow();
-  // A replay or a busy answer must not take the write lock: read first, in autocommit,
+  // A replay or a busy answer must not queue for the write lock: read first, in autocommit,
   // which in WAL never waits for a writer.
-  {
-    Query q(c->conn, c->select_record);
+  const WriteQueue::Caller caller(impl_->writes);
+  auto pre_read = [&](PooledConnection& c) {
+    Query q(c.conn, c.select_record);
     const bool found = q.bind(1, scope).bind(2, key).step();
-    Judgement j = judge(q, found, impl_->now());
-    if (j.answer) return std::move(*j.answer);
-  }
-  // Absent, expired or stealable: decide again under the write lock, since another
-  // connection may have written the record since the read.
-  Transaction tx = c->write_transaction();
-  const Timestamp now = impl_->now();
+    return judge(q, found, impl_->now());
+  };
   Judgement j;
-  {
-    Query q(c->conn, c->select_record);
-    const bool found = q.bind(1, scope).bind(2, key).step();
-    j = judge(q, found, now);
+  if (std::unique_lock idle_writer(impl_->writer_mu, std::try_to_lock);
+      idle_writer.owns_lock() && impl_->writer) {
+    // No batch in flight: read on the writer connection, whose page cache is current (a
+    // pooled connection rereads the pages that the last commits changed).
+    j = pre_read(*impl_->writer);
+  } else {
+    idle_writer = {};
+    j = pre_read(*impl_->borrow());
   }
-  if (j.answer) {
-    tx.commit();
-    return std::move(*j.answer);
-  }
-  Token token = 0;
-  {
-    Query q(c->conn, c->next_token);
-    if (!q.step()) {
-      c->conn.fail(SQLITE_CORRUPT, "next token: the idem_meta row is missing");
-    }
-    token = static_cast<Token>(q.column_int(0));
-    while (q.step()) {
-    }
-  }
-  const Timestamp lease_expires_at = now + lease;
-  const Timestamp expires_at = now + ttl;
-  {
-    Query q(c->conn, c->write_lease);
-    q.bind(1, scope)
-        .bind(2, key)
-        .bind(3, static_cast<std::int64_t>(token))
-        .bind(4, static_cast<std::int64_t>(j.attempt))
-        .bind_time(5, now)
-        .bind_time(6, lease_expires_at)
-        .bind_time(7, expires_at);
-    if (fingerprint) {
-      q.bind(8, *fingerprint);
-    } else {
-      q.bind_null(8);
-    }
-    q.run();
-  }
-  tx.commit();
-  return Acquired{Lease{token, now, lease_expires_at, expires_at, lease, j.attempt}, j.stolen};
+  if (j.answer) return std::move(*j.answer);
+  WriteOp op(WriteOp::Kind::kAcquire);
+  op.scope = scope;
+  op.key = key;
+  op.lease = lease;
+  op.ttl = ttl;
+  op.fingerprint = fingerprint;
+  op.bytes = fingerprint ? fingerprint->size() : 0;
+  impl_->write(op);
+  return std::move(*op.acquired);
 }
 
 WriteResult SqliteStore::do_complete(std::string_view scope, std::string_view key, Token token,
                                      std::string_view payload, Duration ttl) {
-  auto c = impl_->borrow();
-  Transaction tx = c->write_transaction();
-  const Timestamp now = impl_->now();
-  const auto tok = static_cast<std::int64_t>(token);
-  int changed = 0;
-  {
-    Query q(c->conn, c->complete);
-    changed = q.bind(1, scope)
-                  .bind(2, key)
-                  .bind(3, tok)
-                  .bind(4, payload)
-                  .bind_time(5, now)
-                  .bind_time(6, now + ttl)
-                  .run();
-  }
-  bool done = changed > 0;
-  if (!done) {
-    // SPEC §4: a complete repeated with the token that completed the record succeeds and
-    // changes nothing.
-    Query q(c->conn, c->completed_by);
-    done = q.bind(1, scope).bind(2, key).bind(3, tok).step();
-  }
-  tx.commit();
-  return done ? WriteResult::kDone : WriteResult::kFenced;
+  WriteOp op(WriteOp::Kind::kComplete);
+  op.scope = scope;
+  op.key = key;
+  op.token = token;
+  op.payload = payload;
+  op.ttl = ttl;
+  op.bytes = payload.size();
+  impl_->write(op);
+  return op.written;
 }
 
 WriteResult SqliteStore::do_release(std::string_view scope, std::string_view key, Token token) {
-  auto c = impl_->borrow();
-  // One statement in autocommit is one write transaction; it takes the write lock before it
-  // reads, exactly as BEGIN IMMEDIATE would.
-  Query q(c->conn, c->release);
-  const int changed = q.bind(1, scope).bind(2, key).bind(3, static_cast<std::int64_t>(token)).run();
-  return changed > 0 ? WriteResult::kDone : WriteResult::kFenced;
+  WriteOp op(WriteOp::Kind::kRelease);
+  op.scope = scope;
+  op.key = key;
+  op.token = token;
+  impl_->write(op);
+  return op.written;
 }
 
 ExtendResult SqliteStore::do_extend(std::string_view scope, std::string_view key, Token token,
                                     Duration lease) {
-  auto c = impl_->borrow();
-  const Timestamp now = impl_->now();
-  const Timestamp deadline = now + lease;
-  Query q(c->conn, c->extend);
-  const int changed = q.bind(1, scope)
-                          .bind(2, key)
-                          .bind(3, static_cast<std::int64_t>(token))
-                          .bind_time(4, deadline)
-                          .run();
-  if (changed == 0) return ExtendResult{};
-  return ExtendResult{WriteResult::kDone, deadline, lease};
+  WriteOp op(WriteOp::Kind::kExtend);
+  op.scope = scope;
+  op.key = key;
+  op.token = token;
+  op.lease = lease;
+  impl_->write(op);
+  return op.extended;
+}
+
+std::vector<ExtendResult> SqliteStore::do_extend_many(std::span<const ExtendRequest> requests) {
+  WriteOp op(WriteOp::Kind::kExtendMany);
+  op.extends = requests;
+  op.operations = requests.size();
+  impl_->write(op);
+  return std::move(op.extended_many);
 }
 
 std::size_t SqliteStore::do_purge(std::size_t limit) {
-  auto c = impl_->borrow();
   std::size_t deleted = 0;
   while (deleted < limit) {
-    // Each batch is its own short write transaction, so acquisitions run between batches.
-    const std::size_t batch = std::min(limit - deleted, kPurgeBatch);
-    Query q(c->conn, c->purge);
-    const int n = q.bind_time(1, impl_->now()).bind(2, static_cast<std::int64_t>(batch)).run();
-    deleted += static_cast<std::size_t>(n);
-    if (static_cast<std::size_t>(n) < batch) break;
+    // Each chunk is its own write, so acquisitions run between chunks.
+    WriteOp op(WriteOp::Kind::kPurge);
+    op.limit = std::min(limit - deleted, kPurgeBatch);
+    impl_->write(op);
+    deleted += op.deleted;
+    if (op.deleted < op.limit) break;
   }
   return deleted;
 }
@@ -520,9 +788,11 @@ std::optional<Record> SqliteStore::do_get(std::string_view scope, std::string_vi
 }
 
 bool SqliteStore::do_forget(std::string_view scope, std::string_view key) {
-  auto c = impl_->borrow();
-  Query q(c->conn, c->forget);
-  return q.bind(1, scope).bind(2, key).run() > 0;
+  WriteOp op(WriteOp::Kind::kForget);
+  op.scope = scope;
+  op.key = key;
+  impl_->write(op);
+  return op.deleted > 0;
 }
 
 namespace detail {

@@ -10,8 +10,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
+#include "idem/error.h"
+#include "idem/open_store.h"
 #include "idem/stores/sqlite_store.h"
 #include "stores/sqlite/sqlite_test_util.h"
 #include "support/worker_process.h"
@@ -108,6 +111,53 @@ TEST(SqliteMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
   testing::wait_for_lease_expiry(*store, "mp", "job");
 
   testing::steal_from_paused_owner(owner, url_of(path), *store, first);
+  expect_integrity_ok(path);
+}
+
+// SQLite's write lock is not fair, least of all with synchronous=full: a process that
+// commits back to back used to starve another one's writes past the busy timeout. With
+// every write of a process queued in memory and one transaction per batch, and a busy
+// handler that tries again within a millisecond, another process gets its turn.
+TEST(SqliteMultiProcess, AProcessWritesWhileAnotherHammersTheFile) {
+  const std::string path = fresh_db_path("hammer");
+  const std::string url = url_of(path) + "?synchronous=full";
+  auto store = open_store(url);  // creates the file before the hammer starts
+  Worker hammer({"hammer", url, "16"});
+  ASSERT_EQ(hammer.read_line(), "running");
+
+  // Write until this process has done its share and the hammer has visibly gone on writing
+  // meanwhile, so the two really overlapped. Each write here waits at most the default busy
+  // timeout (5 s) for the lock; one that waited longer throws and fails the test.
+  RawDb raw(path);
+  auto hammered = [&] {
+    return raw.query_int("SELECT count(*) FROM idem_records WHERE scope = CAST('mp' AS BLOB)");
+  };
+  const std::int64_t hammered_before = hammered();
+  constexpr int kMine = 100;
+  int mine = 0;
+  std::vector<std::string> errors;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWorkerTimeoutMs);
+  while ((mine < kMine || hammered() < hammered_before + kMine) &&
+         std::chrono::steady_clock::now() < give_up) {
+    const std::string key = "mine-" + std::to_string(mine++);
+    try {
+      AcquireResult r = store->acquire("mine", key, 30s, 1h);
+      ASSERT_TRUE(std::holds_alternative<Acquired>(r));
+      EXPECT_EQ(store->complete("mine", key, std::get<Acquired>(r).lease.token, "mine", 1h),
+                WriteResult::kDone);
+    } catch (const StoreUnavailable& e) {
+      errors.push_back(e.what());
+    }
+  }
+  EXPECT_THAT(errors, ::testing::IsEmpty());
+  EXPECT_GE(mine, kMine);
+  EXPECT_GE(hammered(), hammered_before + kMine) << "the hammer stalled";
+
+  hammer.write_line("stop");
+  const std::string done = hammer.read_line();
+  EXPECT_THAT(done, StartsWith("done "));
+  EXPECT_THAT(done, ::testing::EndsWith(" 0")) << hammer.read_line();
+  EXPECT_EQ(hammer.wait(), 0);
   expect_integrity_ok(path);
 }
 
