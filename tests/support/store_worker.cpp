@@ -1,6 +1,7 @@
-// A worker process for the SQLite multi-process tests (sqlite_multiprocess_test.cpp). It
-// opens the store from a URL and runs keys through idem::Executor, reporting what it saw
-// one line per event, so the test can check the processes together.
+// A worker process for the multi-process tests of every store shared between processes
+// (multiprocess_checks.h). It opens the store from a URL and runs keys through
+// idem::Executor, reporting what it saw one line per event, so the test can check the
+// processes together.
 //
 //   race URL WORKER KEYS START_MS OUT_FILE
 //       Runs keys k0..k<KEYS-1> (starting at k<WORKER*7 % KEYS>, so workers overlap) after
@@ -121,6 +122,6 @@ int main(int argc, char** argv) {
     std::cerr << "worker: " << e.what() << "\n";
     return 2;
   }
-  std::cerr << "usage: see the comment at the top of sqlite_store_worker.cpp\n";
+  std::cerr << "usage: see the comment at the top of tests/support/store_worker.cpp\n";
   return 2;
 }

@@ -1,0 +1,120 @@
+#pragma once
+
+// The Redis store's Lua scripts: one per step, each one round trip (EVALSHA) that reads the
+// record, applies SPEC §4 by the server's clock (TIME) and writes. Every script touches one
+// key, the record's (KEYS[1]). Values are laid out as redis_layout.h describes; `struct` is
+// the library Redis bundles with its Lua.
+//
+// Shared rules:
+//  - now = TIME in ms; tokens are TIME in µs, raised above the record's token when the key
+//    still holds one (docs/stores/redis.md, "Tokens").
+//  - A key expires (SET ... PXAT) 1 ms before the instant SPEC §4 allows its record to be
+//    dropped, because Redis keeps a key while now <= its expiry time: a COMPLETE record at
+//    expires_at - 1, an IN_PROGRESS one at max(expires_at, lease_expires_at) - 1. So a key
+//    that Redis still returns is a record SPEC §4 still counts. Never earlier than the
+//    token's millisecond, though: a key vanishes only once the server clock has passed its
+//    token, so a later token made from the clock is larger.
+//  - Numbers reach Redis through struct.pack and command arguments, never through Lua's
+//    string conversion (14 digits, too few for a token).
+
+namespace idem::redis {
+
+struct ScriptSource {
+  const char* name;
+  const char* body;
+};
+
+// ARGV: lease ms, ttl ms, fingerprint section. Replies: the value (Replay); {now, value}
+// (Busy); {token, now, attempt} (Acquired; attempt > 1 means stolen).
+inline constexpr ScriptSource kAcquireScript{"acquire", R"lua(
+local v = redis.call('GET', KEYS[1])
+local t = redis.call('TIME')
+local tok = t[1] * 1000000 + t[2]
+local now = math.floor(tok / 1000)
+local att = 1
+if v then
+  local k = string.byte(v)
+  local old, _, lease, exp, n = struct.unpack('>I8I8I8I8I4', v, 2)
+  if k == 67 then
+    if exp > now then return v end
+  elseif k == 80 then
+    if lease > now then return {now, v} end
+    att = n + 1
+  elseif k ~= 84 then
+    return redis.error_reply('ERR not an idem record')
+  end
+  if tok <= old then tok = old + 1 end
+end
+local lease, exp = now + ARGV[1], now + ARGV[2]
+redis.call('SET', KEYS[1], struct.pack('>BI8I8I8I8I4', 80, tok, now, lease, exp, att) .. ARGV[3],
+  'PXAT', math.max(lease - 1, exp - 1, math.floor(tok / 1000)))
+return {tok, now, att}
+)lua"};
+
+// ARGV: token, ttl ms, payload. Replies 1 (done) or 0 (fenced). The payload is appended
+// rather than concatenated in Lua, which would copy it twice more (half the time for a
+// large payload).
+inline constexpr ScriptSource kCompleteScript{"complete", R"lua(
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local tok = struct.unpack('>I8', v, 2)
+if tok ~= tonumber(ARGV[1]) then return 0 end
+local k = string.byte(v)
+if k == 67 then return 1 end
+if k ~= 80 then return 0 end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local exp = now + ARGV[2]
+redis.call('SET', KEYS[1], struct.pack('>BI8I8I8I8I4', 67, tok, now, 0, exp, 0) .. string.sub(v, 38),
+  'PXAT', math.max(exp - 1, math.floor(tok / 1000)))
+redis.call('APPEND', KEYS[1], ARGV[3])
+return 1
+)lua"};
+
+// ARGV: token (release: only an IN_PROGRESS record with it), or '' (forget: any record).
+// Replies 1 (deleted) or 0 (fenced, or nothing to forget).
+inline constexpr ScriptSource kDeleteScript{"delete", R"lua(
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local k = string.byte(v)
+local tok = struct.unpack('>I8', v, 2)
+if k == 84 or (ARGV[1] ~= '' and (k ~= 80 or tok ~= tonumber(ARGV[1]))) then return 0 end
+local t = redis.call('TIME')
+if t[1] * 1000000 + t[2] > tok then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('SET', KEYS[1], struct.pack('>BI8I8I8I8I4', 84, tok, 0, 0, 0, 0),
+    'PXAT', math.floor(tok / 1000))
+end
+return 1
+)lua"};
+
+// ARGV: token, lease ms. Replies the new lease deadline (ms), or 0 (fenced).
+inline constexpr ScriptSource kExtendScript{"extend", R"lua(
+local v = redis.call('GET', KEYS[1])
+if not v or string.byte(v) ~= 80 then return 0 end
+local tok, _, _, exp = struct.unpack('>I8I8I8I8', v, 2)
+if tok ~= tonumber(ARGV[1]) then return 0 end
+local t = redis.call('TIME')
+local lease = t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[2]
+redis.call('SET', KEYS[1], string.sub(v, 1, 17) .. struct.pack('>I8', lease) .. string.sub(v, 26),
+  'PXAT', math.max(lease - 1, exp - 1, math.floor(tok / 1000)))
+return lease
+)lua"};
+
+// Reads without writing (get, and acquire on a read-only store). Replies {now, value}, or
+// {now} when there is no record.
+inline constexpr ScriptSource kPeekScript{"peek", R"lua(
+local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if v and string.byte(v) ~= 84 then return {now, v} end
+return {now}
+)lua"};
+
+enum ScriptId { kAcquire, kComplete, kDelete, kExtend, kPeek, kScriptCount };
+
+inline constexpr const ScriptSource* kScripts[kScriptCount] = {
+    &kAcquireScript, &kCompleteScript, &kDeleteScript, &kExtendScript, &kPeekScript};
+
+}  // namespace idem::redis
