@@ -302,12 +302,16 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
 
 void Connection::finish(Call& call, std::vector<Reply>&& replies, long long acked,
                         std::string error) {
-  std::lock_guard lock(call.mu_);
-  if (call.state_ == Call::State::kAbandoned) return;
-  call.replies = std::move(replies);
-  call.replicas_acked = acked;
-  call.error = std::move(error);
-  call.state_ = Call::State::kDone;
+  {
+    std::lock_guard lock(call.mu_);
+    if (call.state_ == Call::State::kAbandoned) return;
+    call.replies = std::move(replies);
+    call.replicas_acked = acked;
+    call.error = std::move(error);
+    call.state_ = Call::State::kDone;
+  }
+  // After unlocking, so the caller does not wake only to wait for the lock. The batch still
+  // holds a reference, so the call outlives this even if its caller has already returned.
   call.cv_.notify_one();
 }
 
@@ -343,12 +347,16 @@ void Connection::execute(const std::shared_ptr<Call>& call, SteadyClock::time_po
     busy_ = false;
     if (!error.empty()) broke(error);
     // Calls that queued meanwhile go out in the loop's next round trip.
-    if (!queue_.empty() || !ctx_) cv_.notify_all();
+    const bool wake = !queue_.empty() || !ctx_;
+    lock.unlock();
+    if (wake) cv_.notify_all();
     return;
   }
   queue_.push_back(call);
-  if (!busy_) cv_.notify_all();
+  const bool wake = !busy_;
   lock.unlock();
+  // While a round trip is in flight its owner takes the queue afterwards: no wake-up needed.
+  if (wake) cv_.notify_all();
 
   std::unique_lock call_lock(call->mu_);
   if (call->cv_.wait_until(call_lock, deadline,

@@ -26,15 +26,23 @@ struct ScriptSource {
 
 // ARGV: lease ms, ttl ms, fingerprint section. Replies: the value (Replay); {now, value}
 // (Busy); {token, now, attempt} (Acquired; attempt > 1 means stolen).
+//
+// A replay needs no TIME: the key of a COMPLETE record expires at expires_at - 1 (unless its
+// token's millisecond is later, a clock that stepped back), and Redis hides an expired key
+// by the time the script started, so a key it returns is a live result.
 inline constexpr ScriptSource kAcquireScript{"acquire", R"lua(
 local v = redis.call('GET', KEYS[1])
+local k, old, at, lease, exp, n
+if v then
+  k = string.byte(v)
+  old, at, lease, exp, n = struct.unpack('>I8I8I8I8I4', v, 2)
+  if k == 67 and exp - 1 >= math.floor(old / 1000) then return v end
+end
 local t = redis.call('TIME')
 local tok = t[1] * 1000000 + t[2]
 local now = math.floor(tok / 1000)
 local att = 1
 if v then
-  local k = string.byte(v)
-  local old, _, lease, exp, n = struct.unpack('>I8I8I8I8I4', v, 2)
   if k == 67 then
     if exp > now then return v end
   elseif k == 80 then
@@ -45,15 +53,15 @@ if v then
   end
   if tok <= old then tok = old + 1 end
 end
-local lease, exp = now + ARGV[1], now + ARGV[2]
+lease, exp = now + ARGV[1], now + ARGV[2]
 redis.call('SET', KEYS[1], struct.pack('>BI8I8I8I8I4', 80, tok, now, lease, exp, att) .. ARGV[3],
   'PXAT', math.max(lease - 1, exp - 1, math.floor(tok / 1000)))
 return {tok, now, att}
 )lua"};
 
-// ARGV: token, ttl ms, payload. Replies 1 (done) or 0 (fenced). The payload is appended
-// rather than concatenated in Lua, which would copy it twice more (half the time for a
-// large payload).
+// ARGV: token, ttl ms, payload. Replies 1 (done) or 0 (fenced). A large payload is
+// appended rather than concatenated in Lua, which would copy it twice more (half the time
+// for megabytes); a small one is cheaper in one SET.
 inline constexpr ScriptSource kCompleteScript{"complete", R"lua(
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -65,9 +73,14 @@ if k ~= 80 then return 0 end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local exp = now + ARGV[2]
-redis.call('SET', KEYS[1], struct.pack('>BI8I8I8I8I4', 67, tok, now, 0, exp, 0) .. string.sub(v, 38),
-  'PXAT', math.max(exp - 1, math.floor(tok / 1000)))
-redis.call('APPEND', KEYS[1], ARGV[3])
+local head = struct.pack('>BI8I8I8I8I4', 67, tok, now, 0, exp, 0) .. string.sub(v, 38)
+local px = math.max(exp - 1, math.floor(tok / 1000))
+if #ARGV[3] < 65536 then
+  redis.call('SET', KEYS[1], head .. ARGV[3], 'PXAT', px)
+else
+  redis.call('SET', KEYS[1], head, 'PXAT', px)
+  redis.call('APPEND', KEYS[1], ARGV[3])
+end
 return 1
 )lua"};
 
