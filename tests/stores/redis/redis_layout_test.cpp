@@ -118,8 +118,9 @@ std::string value(char kind, std::uint64_t token, std::uint64_t at, std::uint64_
 TEST(RedisLayout, RecordValuesDecodeFieldByField) {
   std::string fp;
   append_fingerprint_section(fp, std::string_view("f\0p", 3));
-  const auto p = decode_record(value('P', 1'700'000'000'123'456, 1'700'000'000'123,
-                                     1'700'000'030'123, 1'700'086'400'123, 7, fp));
+  const std::string in_progress = value('P', 1'700'000'000'123'456, 1'700'000'000'123,
+                                        1'700'000'030'123, 1'700'086'400'123, 7, fp);
+  const auto p = decode_record(in_progress);
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->kind, kKindInProgress);
   EXPECT_EQ(p->token, 1'700'000'000'123'456u);
@@ -131,7 +132,8 @@ TEST(RedisLayout, RecordValuesDecodeFieldByField) {
 
   std::string none;
   append_fingerprint_section(none, std::nullopt);
-  const auto c = decode_record(value('C', 5, 6, 0, 8, 0, none + bytes("pay\0load", 8)));
+  const std::string complete = value('C', 5, 6, 0, 8, 0, none + bytes("pay\0load", 8));
+  const auto c = decode_record(complete);
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->kind, kKindComplete);
   EXPECT_EQ(c->fingerprint, std::nullopt);

@@ -329,7 +329,8 @@ TEST_F(PrivateRedisTest, WritesWaitForReplicasWhenAsked) {
   // Acknowledged by the replica before complete returned: it is there now.
   RawRedis on_replica(replica.port());
   const std::string k = redis::record_key(o.prefix, "s", "k");
-  const auto rec = redis::decode_record(on_replica.text({"GET", k}));
+  const std::string stored = on_replica.text({"GET", k});
+  const auto rec = redis::decode_record(stored);
   ASSERT_TRUE(rec.has_value());
   EXPECT_EQ(rec->payload, "replicated");
 

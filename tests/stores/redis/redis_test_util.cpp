@@ -2,7 +2,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,8 +15,6 @@
 
 #include "idem/open_store.h"
 #include "support/eventually.h"
-
-extern char** environ;
 
 namespace idem::testing {
 
@@ -159,20 +157,23 @@ bool answers_ping(int port) {
   return ok;
 }
 
-}  // namespace
-
-bool have_program(const std::string& name) {
+// The program's path on PATH, or empty.
+std::string program_path(const std::string& name) {
   const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
+  const std::string dirs = path ? path : "/usr/bin:/bin";
   std::size_t start = 0;
   while (start <= dirs.size()) {
     const std::size_t end = std::min(dirs.find(':', start), dirs.size());
     const std::string candidate = dirs.substr(start, end - start) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return true;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
     start = end + 1;
   }
-  return false;
+  return {};
 }
+
+}  // namespace
+
+bool have_program(const std::string& name) { return !program_path(name).empty(); }
 
 PrivateRedis::PrivateRedis(std::vector<std::string> args) : args_(std::move(args)) {
   std::string pattern =
@@ -218,9 +219,25 @@ void PrivateRedis::start() {
   std::vector<char*> argv;
   for (std::string& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawnp(&pid, "redis-server", nullptr, nullptr, argv.data(), environ) != 0) {
-    ADD_FAILURE() << "cannot start redis-server";
+  const std::string path = program_path("redis-server");
+  if (path.empty()) {
+    ADD_FAILURE() << "redis-server is not on PATH";
+    pid_ = -1;
+    return;
+  }
+  // fork + exec rather than posix_spawn, to ask for SIGKILL when this process dies: a test
+  // that crashes or times out must not leave its server behind. The child only makes
+  // async-signal-safe calls.
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::execv(path.c_str(), argv.data());
+    ::_exit(127);
+  }
+  if (pid < 0) {
+    ADD_FAILURE() << "cannot start redis-server: fork failed";
     pid_ = -1;
     return;
   }
