@@ -331,6 +331,11 @@ void Connection::broke(const std::string& reason) {
 
 void Connection::execute(const std::shared_ptr<Call>& call, SteadyClock::time_point deadline,
                          Duration timeout) {
+  load_.fetch_add(1, std::memory_order_relaxed);
+  struct Unload {
+    std::atomic<int>& load;
+    ~Unload() { load.fetch_sub(1, std::memory_order_relaxed); }
+  } unload{load_};
   std::unique_lock lock(mu_);
   if (!ctx_ || stop_) {
     call->error = "not connected (reconnecting in the background): " + last_error_;
@@ -438,11 +443,14 @@ void Pool::execute(const std::shared_ptr<Call>& call, Duration timeout) {
   const std::size_t n = connections_.size();
   const std::size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
   Connection* chosen = connections_[first].get();
-  for (std::size_t i = 0; i < n; ++i) {
+  int least = -1;
+  for (std::size_t i = 0; i < n && least != 0; ++i) {
     Connection* c = connections_[(first + i) % n].get();
-    if (c->up()) {
+    if (!c->up()) continue;
+    const int load = c->load();
+    if (least < 0 || load < least) {
       chosen = c;
-      break;
+      least = load;
     }
   }
   chosen->execute(call, deadline, timeout);

@@ -114,6 +114,8 @@ class Connection {
 
   // Whether the connection is established right now.
   bool up() const noexcept { return up_.load(std::memory_order_acquire); }
+  // Calls in execute() right now (in flight or queued): the pool's measure of load.
+  int load() const noexcept { return load_.load(std::memory_order_relaxed); }
   // Why the last connection attempt or round trip failed.
   std::string last_error() const;
   ConnectionStats stats() const;
@@ -142,13 +144,15 @@ class Connection {
   SteadyClock::time_point next_attempt_{};
   Duration backoff_{0};
   std::atomic<bool> up_{false};
+  std::atomic<int> load_{0};
   std::atomic<std::uint64_t> round_trips_{0};
   std::atomic<std::uint64_t> commands_{0};
   std::atomic<std::uint64_t> reconnects_{0};
   std::thread thread_;
 };
 
-// A few connections; callers spread over the ones that are up.
+// A few connections; each call goes to the least loaded one that is up (the first of
+// equals in round-robin order), so a call finds an idle connection whenever there is one.
 class Pool {
  public:
   Pool(ConnectionSettings settings, std::size_t connections, std::string store_name);

@@ -8,6 +8,14 @@ constexpr char kHex[] = "0123456789ABCDEF";
 // SPEC §10: nothing a caller sends can reach Redis as anything but bytes of one key. Only
 // the four bytes that structure the key are escaped; the rest (NUL included) stay as they
 // are, so an ordinary key reads plainly in redis-cli.
+std::size_t escaped_size(std::string_view text) {
+  std::size_t n = text.size();
+  for (const char c : text) {
+    if (c == '%' || c == ':' || c == '{' || c == '}') n += 2;
+  }
+  return n;
+}
+
 void append_escaped(std::string& out, std::string_view text) {
   for (const char c : text) {
     if (c == '%' || c == ':' || c == '{' || c == '}') {
@@ -85,13 +93,17 @@ std::uint16_t crc16(std::string_view data) {
 
 void append_record_key(std::string& out, std::string_view prefix, std::string_view scope,
                        std::string_view key) {
-  out.reserve(out.size() + prefix.size() + scope.size() + key.size() + 3);
   out.append(prefix);
   out.push_back('{');
   append_escaped(out, scope);
   out.push_back(':');
   append_escaped(out, key);
   out.push_back('}');
+}
+
+std::size_t record_key_size(std::string_view prefix, std::string_view scope,
+                            std::string_view key) {
+  return prefix.size() + escaped_size(scope) + escaped_size(key) + 3;
 }
 
 std::string record_key(std::string_view prefix, std::string_view scope, std::string_view key) {

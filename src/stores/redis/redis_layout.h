@@ -49,6 +49,8 @@ inline constexpr std::uint64_t kMaxToken = std::uint64_t{1} << 53;
 void append_record_key(std::string& out, std::string_view prefix, std::string_view scope,
                        std::string_view key);
 std::string record_key(std::string_view prefix, std::string_view scope, std::string_view key);
+// The size of that key, without building it.
+std::size_t record_key_size(std::string_view prefix, std::string_view scope, std::string_view key);
 
 // The inverse of record_key for a key under `prefix`; nullopt when `redis_key` is not one.
 // (Used by tests to show the encoding is injective.)
@@ -95,6 +97,15 @@ class CommandWriter {
     out_.push_back('$');
     number(static_cast<std::int64_t>(value.size()));
     out_.append(value);
+    out_.append("\r\n", 2);
+    return *this;
+  }
+  // An argument of `size` bytes that write(out) appends, with no copy made first.
+  template <typename Write>
+  CommandWriter& arg_of(std::size_t size, Write&& write) {
+    out_.push_back('$');
+    number(static_cast<std::int64_t>(size));
+    write(out_);
     out_.append("\r\n", 2);
     return *this;
   }

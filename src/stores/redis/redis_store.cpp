@@ -129,21 +129,28 @@ struct RedisStore::Impl {
     if (o.read_only) fail(std::string(step) + " needs a write, and the store was opened read-only");
   }
 
-  std::string key_of(std::string_view scope, std::string_view key) const {
-    return redis::record_key(o.prefix, scope, key);
+  // A record's Redis key, written straight into a request.
+  struct RecordRef {
+    std::string_view scope;
+    std::string_view key;
+  };
+  void append_key(CommandWriter& w, RecordRef r) const {
+    w.arg_of(redis::record_key_size(o.prefix, r.scope, r.key), [&](std::string& out) {
+      redis::append_record_key(out, o.prefix, r.scope, r.key);
+    });
   }
 
   // EVALSHA of a script on one record key, or EVAL with its body once the server said it
   // has lost it (NOSCRIPT).
   template <typename... Args>
-  void append_script(std::string& out, ScriptId id, bool by_body, std::string_view key,
+  void append_script(std::string& out, ScriptId id, bool by_body, RecordRef record,
                      const Args&... args) const {
     CommandWriter w(out);
     w.begin(4 + sizeof...(args))
         .arg(by_body ? "EVAL" : "EVALSHA")
         .arg(by_body ? std::string_view(redis::kScripts[id]->body) : std::string_view(shas[id]))
-        .arg("1")
-        .arg(key);
+        .arg("1");
+    append_key(w, record);
     (w.arg(args), ...);
   }
 
@@ -183,7 +190,7 @@ struct RedisStore::Impl {
     return out;
   }
 
-  Reply run_one(ScriptId id, std::string_view key, const auto&... args) {
+  Reply run_one(ScriptId id, RecordRef key, const auto&... args) {
     return std::move(run(1, [&](std::string& out, std::size_t, bool by_body) {
                        append_script(out, id, by_body, key, args...);
                      }).replies.front());
@@ -220,7 +227,7 @@ struct RedisStore::Impl {
                 owned(rec.fingerprint)};
   }
 
-  AcquireResult acquire_read_only(std::string_view key) {
+  AcquireResult acquire_read_only(RecordRef key) {
     const Reply r = run_one(redis::kPeek, key);
     const auto [now, rec] = peeked(r);
     if (rec && rec->kind == redis::kKindComplete && rec->expires_at > now) return replay_of(*rec);
@@ -262,7 +269,7 @@ RedisStats RedisStore::stats() const {
 AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
                                      Duration ttl, std::optional<std::string_view> fingerprint) {
   Impl& m = *impl_;
-  const std::string k = m.key_of(scope, key);
+  const Impl::RecordRef k{scope, key};
   if (m.o.read_only) return m.acquire_read_only(k);
   if (m.o.replay == RedisReplayPath::kGet) {
     // Redis checks a key's expiry on every access by its own clock, and a COMPLETE
@@ -270,7 +277,8 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
     // later still (a clock that stepped back). So a key GET returns whose expiry is
     // expires_at - 1 is, by the server's clock, a live result (SPEC §4: Replay).
     Reply r = std::move(m.run(1, [&](std::string& out, std::size_t, bool) {
-                          CommandWriter(out).begin(2).arg("GET").arg(k);
+                          CommandWriter w(out);
+                          m.append_key(w.begin(2).arg("GET"), k);
                         }).replies.front());
     if (r->type == REDIS_REPLY_STRING) {
       const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(*r));
@@ -323,7 +331,7 @@ WriteResult RedisStore::do_complete(std::string_view scope, std::string_view key
                                     std::string_view payload, Duration ttl) {
   Impl& m = *impl_;
   m.refuse_write("complete");
-  const std::string k = m.key_of(scope, key);
+  const Impl::RecordRef k{scope, key};
   const std::string tok = token_text(token);
   const Impl::Outcome out = m.run(
       1,
@@ -343,7 +351,7 @@ WriteResult RedisStore::do_release(std::string_view scope, std::string_view key,
   Impl& m = *impl_;
   m.refuse_write("release");
   const Reply r =
-      m.run_one(redis::kDelete, m.key_of(scope, key), std::string_view(token_text(token)));
+      m.run_one(redis::kDelete, Impl::RecordRef{scope, key}, std::string_view(token_text(token)));
   if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("release", *r);
   return r->integer == 1 ? WriteResult::kDone : WriteResult::kFenced;
 }
@@ -358,17 +366,10 @@ std::vector<ExtendResult> RedisStore::do_extend_many(std::span<const ExtendReque
   Impl& m = *impl_;
   m.refuse_write("extend");
   // One pipeline for the whole batch: the heartbeat's due leases cost one round trip.
-  std::vector<std::string> keys;
-  std::vector<std::string> tokens;
-  keys.reserve(requests.size());
-  tokens.reserve(requests.size());
-  for (const ExtendRequest& r : requests) {
-    keys.push_back(m.key_of(r.scope, r.key));
-    tokens.push_back(token_text(r.token));
-  }
   const Impl::Outcome out = m.run(requests.size(), [&](std::string& o, std::size_t i, bool by_body) {
-    m.append_script(o, redis::kExtend, by_body, keys[i], std::string_view(tokens[i]),
-                    std::int64_t{requests[i].lease.count()});
+    const ExtendRequest& r = requests[i];
+    m.append_script(o, redis::kExtend, by_body, Impl::RecordRef{r.scope, r.key},
+                    std::string_view(token_text(r.token)), std::int64_t{r.lease.count()});
   });
   std::vector<ExtendResult> results;
   results.reserve(requests.size());
@@ -392,7 +393,7 @@ std::size_t RedisStore::do_purge(std::size_t) {
 
 std::optional<Record> RedisStore::do_get(std::string_view scope, std::string_view key) {
   Impl& m = *impl_;
-  const Reply r = m.run_one(redis::kPeek, m.key_of(scope, key));
+  const Reply r = m.run_one(redis::kPeek, Impl::RecordRef{scope, key});
   const auto [now, rec] = m.peeked(r);
   if (!rec) return std::nullopt;
   Record out;
@@ -416,7 +417,7 @@ std::optional<Record> RedisStore::do_get(std::string_view scope, std::string_vie
 bool RedisStore::do_forget(std::string_view scope, std::string_view key) {
   Impl& m = *impl_;
   m.refuse_write("forget");
-  const Reply r = m.run_one(redis::kDelete, m.key_of(scope, key), std::string_view());
+  const Reply r = m.run_one(redis::kDelete, Impl::RecordRef{scope, key}, std::string_view());
   if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("forget", *r);
   return r->integer == 1;
 }
