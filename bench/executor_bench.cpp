@@ -1,7 +1,8 @@
 // The executor on the in-memory store, measured beside the raw store calls it makes for the
 // same work, in the same process (docs/benchmarks.md):
-//   fresh key: Executor::run  vs  MemoryStore acquire + complete
-//   replay:    Executor::run  vs  MemoryStore acquire
+//   fresh key: Executor::run, and begin + AttemptHandle::complete  vs  MemoryStore acquire +
+//              complete
+//   replay:    Executor::run, and begin  vs  MemoryStore acquire
 // and the heartbeat's cost per lease.
 //
 //   build/release/bench/executor_bench --benchmark_repetitions=5
@@ -107,6 +108,23 @@ void BM_ExecutorFresh(benchmark::State& state) {
   tear_down(state);
 }
 
+// The same work as BM_ExecutorFresh through begin() and the handle it returns.
+void BM_BeginFresh(benchmark::State& state) {
+  set_up(state, true, false);
+  FreshKeys keys(state);
+  for (auto _ : state) {
+    auto b = g_executor->begin("bench", keys.next());
+    auto* handle = b.handle();
+    if (handle == nullptr) {
+      state.SkipWithError("key was not fresh");
+      break;
+    }
+    benchmark::DoNotOptimize(handle->complete(std::string(kPayload)));
+  }
+  state.SetItemsProcessed(state.iterations());
+  tear_down(state);
+}
+
 void BM_RawReplay(benchmark::State& state) {
   set_up(state, false, true);
   std::vector<std::string> keys;
@@ -142,6 +160,23 @@ void BM_ExecutorReplay(benchmark::State& state) {
   tear_down(state);
 }
 
+void BM_BeginReplay(benchmark::State& state) {
+  set_up(state, true, true);
+  std::vector<std::string> keys;
+  for (int i = 0; i < kReplayKeys; ++i) keys.push_back("replay-" + std::to_string(i));
+  std::size_t i = static_cast<std::size_t>(state.thread_index()) * 97;
+  for (auto _ : state) {
+    auto b = g_executor->begin("bench", keys[i++ % kReplayKeys]);
+    if (b.replay() == nullptr) {
+      state.SkipWithError("not a replay");
+      break;
+    }
+    benchmark::DoNotOptimize(b);
+  }
+  state.SetItemsProcessed(state.iterations());
+  tear_down(state);
+}
+
 BENCHMARK(BM_RawFresh)
     ->Iterations(kFreshIterations)
     ->Threads(1)
@@ -154,8 +189,15 @@ BENCHMARK(BM_ExecutorFresh)
     ->Threads(2)
     ->Threads(4)
     ->UseRealTime();
+BENCHMARK(BM_BeginFresh)
+    ->Iterations(kFreshIterations)
+    ->Threads(1)
+    ->Threads(2)
+    ->Threads(4)
+    ->UseRealTime();
 BENCHMARK(BM_RawReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
 BENCHMARK(BM_ExecutorReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+BENCHMARK(BM_BeginReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
 
 // --- the heartbeat ----------------------------------------------------------------------
 

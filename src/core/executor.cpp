@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <variant>
@@ -74,24 +75,35 @@ enum class OwnerState {
   kGone,       // released, fenced or failed: waiters go back to the store
 };
 
-// A call of this executor that holds the lease on a key. In-process duplicates find it in
-// the owner table and wait on it in memory instead of polling the store (SPEC §7).
+}  // namespace
+
+namespace detail {
+
+// A call of this executor that holds the lease on a key (the state behind an
+// AttemptHandle), or one that polls the store for the key on behalf of the duplicates in
+// this process. In-process duplicates find it in the owner table and wait on it in memory
+// instead of polling the store (SPEC §7).
 struct InFlight {
   // An owner: this call holds the lease.
   InFlight(std::string_view scope, std::string_view key, std::size_t id_hash,
            const Acquired& acquired, Duration lease, Duration interval,
-           SteadyClock::time_point local_deadline, const std::optional<std::string>& fp)
+           SteadyClock::time_point local_deadline, const std::optional<std::string>& fp,
+           ExecutorImpl* executor, Duration result_ttl)
       : hb(scope, key, acquired.lease.token, lease, interval, local_deadline,
            acquired.lease.lease_expires_at),
         hash(id_hash),
-        fingerprint(fp) {}
+        fingerprint(fp),
+        exec(executor),
+        ttl(result_ttl),
+        attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen, hb.stop_token()) {}
   // A poller: another process holds the lease and this call polls the store on behalf of
   // every duplicate in this process (SPEC §7: they do not poll the store themselves).
   InFlight(std::string_view scope, std::string_view key, std::size_t id_hash, const Busy& busy,
            Duration lease, Duration interval, SteadyClock::time_point local_deadline)
       : hb(scope, key, 0, lease, interval, local_deadline, busy.lease_expires_at),
         hash(id_hash),
-        fingerprint(busy.fingerprint) {}
+        fingerprint(busy.fingerprint),
+        attempt(0, 0, false, {}) {}
 
   // The heartbeat's view of the lease (an owner's is registered with the heartbeat; a
   // poller's only records the owner's deadline); it also owns the copy of (scope, key).
@@ -100,6 +112,11 @@ struct InFlight {
   const std::size_t hash;
   // The fingerprint stored with the record.
   const std::optional<std::string> fingerprint;
+  // An owner's executor, and the TTL its result is stored with.
+  ExecutorImpl* const exec = nullptr;
+  const Duration ttl{0};
+  // What the action sees of an owner's lease.
+  const Attempt attempt;
   // Duplicates that found this owner in the table and may still read its outcome.
   std::atomic<int> waiters{0};
 
@@ -114,6 +131,12 @@ struct InFlight {
     return hash == other_hash && id() == other;
   }
 };
+
+}  // namespace detail
+
+namespace {
+
+using detail::InFlight;
 
 // A shard holds only the calls in flight whose key hashes to it, a handful at most in
 // practice, so a plain vector searched hash-first beats a hash map: listing and unlisting a
@@ -201,16 +224,21 @@ SteadyClock::duration jittered(Duration backoff) {
   return std::chrono::microseconds(half + extra(rng));
 }
 
-InProgress in_progress_of(const InFlight& owner, SteadyClock::time_point now) {
+// What a duplicate reports when it gives up on an in-process owner: the owner's deadline.
+Busy busy_of(const InFlight& owner, SteadyClock::time_point now) {
   const auto left = std::max(owner.hb.local_deadline() - now, SteadyClock::duration::zero());
-  return InProgress(owner.hb.lease_expires_at(), std::chrono::ceil<Duration>(left));
+  return Busy{owner.hb.lease_expires_at(), std::chrono::ceil<Duration>(left), owner.fingerprint};
 }
+
+using BytesBegin = BeginResult<std::string>;
 
 }  // namespace
 
-class Executor::Impl {
+namespace detail {
+
+class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
  public:
-  Impl(std::shared_ptr<Store> store, ExecutorOptions options)
+  ExecutorImpl(std::shared_ptr<Store> store, ExecutorOptions options)
       : store_(std::move(store)),
         options_(std::move(options)),
         default_interval_(resolve_interval(options_.heartbeat, options_.lease)),
@@ -224,8 +252,10 @@ class Executor::Impl {
     return waiting_.load(std::memory_order_relaxed);
   }
 
-  BytesResult run(std::string_view scope, std::string_view key, const BytesAction& action,
-                  const CallOptions& call_options) {
+  // Acquires, replays or waits as SPEC §5 and §7 say; an acquired lease comes back as a
+  // handle; `keep_alive` when the handle must keep the executor alive (Executor::begin).
+  BytesBegin begin(std::string_view scope, std::string_view key, const CallOptions& call_options,
+                   bool keep_alive) {
     // SPEC §10: every input is checked before anything reaches the store.
     validate_scope(scope);
     validate_key(key);
@@ -247,20 +277,19 @@ class Executor::Impl {
     // whatever ends the call hands them the outcome or sends them back to the table.
     std::shared_ptr<InFlight> poller;
     struct StopPolling {
-      const Impl& impl;
+      const ExecutorImpl& impl;
       std::shared_ptr<InFlight>& poller;
-      std::size_t hash;
       ~StopPolling() {
-        if (poller) impl.finish(*poller, hash, OwnerState::kGone, nullptr);
+        if (poller) impl.finish(*poller, OwnerState::kGone, nullptr);
       }
-    } stop_polling{*this, poller, hash};
+    } stop_polling{*this, poller};
 
     for (;;) {
       // SPEC §7: a duplicate of a call in this process waits on it in memory.
       if (auto owner = find_owner(id, hash, poller.get())) {
         if (poller) {
           // An owner appeared in this process; our own waiters follow it from now on.
-          finish(*poller, hash, OwnerState::kGone, nullptr);
+          finish(*poller, OwnerState::kGone, nullptr);
           poller.reset();
         }
         if (auto r = follow(*owner, call, bound())) return std::move(*r);
@@ -272,15 +301,15 @@ class Executor::Impl {
       if (auto* replay = std::get_if<Replay>(&acquired)) {
         check_fingerprint(replay->fingerprint, call.fingerprint);
         if (poller) {
-          finish(*poller, hash, OwnerState::kCompleted, &replay->payload);
+          finish(*poller, OwnerState::kCompleted, &replay->payload);
           poller.reset();
         }
-        return BytesResult{std::move(replay->payload), true};
+        return BytesBegin(Result<std::string>{std::move(replay->payload), true});
       }
       if (auto* a = std::get_if<Acquired>(&acquired)) {
-        return own(id, hash, *a, sent, call, action, poller);
+        return own(id, hash, *a, sent, call, poller, keep_alive);
       }
-      const Busy& busy = std::get<Busy>(acquired);
+      Busy& busy = std::get<Busy>(acquired);
       check_fingerprint(busy.fingerprint, call.fingerprint);
       const auto owner_deadline =
           sent + std::chrono::duration_cast<SteadyClock::duration>(busy.lease_remaining);
@@ -293,14 +322,14 @@ class Executor::Impl {
       }
       const auto until = bound();
       const auto now = SteadyClock::now();
-      if (now >= until) throw InProgress(busy.lease_expires_at, busy.lease_remaining);
+      if (now >= until) return BytesBegin(std::move(busy));
       if (poller) {
         poller->hb.observe(owner_deadline, busy.lease_expires_at);
       } else {
         auto candidate = std::make_shared<InFlight>(scope, key, hash, busy, call.lease,
                                                     call.interval, owner_deadline);
         // Somebody in this process got in first: wait on them instead.
-        if (!register_poller(candidate, hash)) continue;
+        if (!register_poller(candidate)) continue;
         poller = std::move(candidate);
       }
       // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
@@ -310,6 +339,39 @@ class Executor::Impl {
       std::this_thread::sleep_for(pause);
       backoff = std::min(backoff * 2, call.wait.max_backoff);
     }
+  }
+
+  // Ends an owner by storing its result (AttemptHandle::complete).
+  Result<std::string> complete(InFlight& owner, std::string&& bytes) {
+    heartbeat_.remove(owner.hb);
+    if (bytes.size() > options_.max_payload) {
+      // SPEC §10: refuse before the result is lost, and leave the key clean for a retry.
+      release_quietly(owner);
+      finish(owner, OwnerState::kGone, nullptr);
+      throw PayloadTooLarge(bytes.size(), options_.max_payload);
+    }
+    WriteResult written;
+    try {
+      written = write_result(owner, bytes);
+    } catch (...) {
+      finish(owner, OwnerState::kGone, nullptr);
+      throw;
+    }
+    if (written == WriteResult::kFenced) {
+      finish(owner, OwnerState::kGone, nullptr);
+      throw LeaseLost(owner.hb.token(),
+                      "the result was not recorded because another caller now owns the key");
+    }
+    finish(owner, OwnerState::kCompleted, &bytes);
+    return Result<std::string>{std::move(bytes), false};
+  }
+
+  // Ends an owner by giving the key up (AttemptHandle::release, or its destructor). SPEC
+  // §5: stop the heartbeat, release best effort.
+  void release(InFlight& owner) noexcept {
+    heartbeat_.remove(owner.hb);
+    release_quietly(owner);
+    finish(owner, OwnerState::kGone, nullptr);
   }
 
  private:
@@ -358,22 +420,22 @@ class Executor::Impl {
   }
 
   // Lists a poller unless somebody is listed for the key already.
-  bool register_poller(const std::shared_ptr<InFlight>& poller, std::size_t hash) const {
-    OwnerShard& s = shard(hash);
+  bool register_poller(const std::shared_ptr<InFlight>& poller) const {
+    OwnerShard& s = shard(poller->hash);
     std::lock_guard lock(s.mu);
-    if (s.find(poller->id(), hash) != nullptr) return false;
+    if (s.find(poller->id(), poller->hash) != nullptr) return false;
     s.owners.push_back(poller);
     s.count.fetch_add(1, std::memory_order_release);
     return true;
   }
 
-  void register_owner(const std::shared_ptr<InFlight>& owner, std::size_t hash) const {
-    OwnerShard& s = shard(hash);
+  void register_owner(const std::shared_ptr<InFlight>& owner) const {
+    OwnerShard& s = shard(owner->hash);
     // An earlier owner that released a moment ago, or this call's own poller, may still be
     // listed: the new owner takes its place. The entry replaced is dropped after the lock.
     std::shared_ptr<InFlight> replaced = owner;
     std::lock_guard lock(s.mu);
-    if (auto* found = s.find(owner->id(), hash)) {
+    if (auto* found = s.find(owner->id(), owner->hash)) {
       found->swap(replaced);
     } else {
       s.owners.push_back(std::move(replaced));
@@ -382,12 +444,11 @@ class Executor::Impl {
   }
 
   // Takes the owner off the table and hands its outcome to the duplicates waiting on it.
-  void finish(InFlight& owner, std::size_t hash, OwnerState state,
-              const std::string* payload) const {
+  void finish(InFlight& owner, OwnerState state, const std::string* payload) const noexcept {
     // The table's reference is dropped after the lock; the caller holds its own.
     std::shared_ptr<InFlight> unlisted;
     {
-      OwnerShard& s = shard(hash);
+      OwnerShard& s = shard(owner.hash);
       std::lock_guard lock(s.mu);
       auto& owners = s.owners;
       for (std::size_t i = 0; i < owners.size(); ++i) {
@@ -412,10 +473,11 @@ class Executor::Impl {
     owner.cv.notify_all();
   }
 
-  // Waits in memory on an in-process owner. Returns its result, or nullopt when the owner
-  // gave the key up and the caller should go back to the store.
-  std::optional<BytesResult> follow(InFlight& owner, const Call& call,
-                                    SteadyClock::time_point wait_deadline) const {
+  // Waits in memory on an in-process owner. Returns its result, a busy answer when the
+  // waiting bound runs out, or nullopt when the owner gave the key up and the caller should
+  // go back to the store.
+  std::optional<BytesBegin> follow(InFlight& owner, const Call& call,
+                                   SteadyClock::time_point wait_deadline) const {
     struct Leave {
       InFlight& owner;
       ~Leave() { owner.waiters.fetch_sub(1, std::memory_order_relaxed); }
@@ -425,11 +487,11 @@ class Executor::Impl {
     std::unique_lock lock(owner.mu);
     for (;;) {
       if (owner.state == OwnerState::kCompleted && owner.has_payload) {
-        return BytesResult{owner.payload, true};
+        return BytesBegin(Result<std::string>{owner.payload, true});
       }
       if (owner.state != OwnerState::kRunning) return std::nullopt;
       const auto now = SteadyClock::now();
-      if (now >= wait_deadline) throw in_progress_of(owner, now);
+      if (now >= wait_deadline) return BytesBegin(busy_of(owner, now));
       waiting_.fetch_add(1, std::memory_order_relaxed);
       owner.cv.wait_until(lock, wait_deadline);
       waiting_.fetch_sub(1, std::memory_order_relaxed);
@@ -445,12 +507,13 @@ class Executor::Impl {
     }
   }
 
-  WriteResult complete(InFlight& owner, const std::string& bytes, Duration ttl) {
+  WriteResult write_result(InFlight& owner, const std::string& bytes) {
     Duration pause = kCompleteFirstRetry;
     for (;;) {
       try {
         return guarded([&] {
-          return store_->complete(owner.hb.scope(), owner.hb.key(), owner.hb.token(), bytes, ttl);
+          return store_->complete(owner.hb.scope(), owner.hb.key(), owner.hb.token(), bytes,
+                                  owner.ttl);
         });
       } catch (const StoreUnavailable&) {
         // SPEC §4: a complete repeated with the same token changes nothing if the first
@@ -462,56 +525,41 @@ class Executor::Impl {
     }
   }
 
-  BytesResult own(const IdView& id, std::size_t hash, const Acquired& acquired,
-                  SteadyClock::time_point sent, const Call& call, const BytesAction& action,
-                  std::shared_ptr<InFlight>& poller) {
+  // Takes the lease: lists the call as the key's owner, starts its heartbeat and hands it
+  // back as a handle.
+  BytesBegin own(const IdView& id, std::size_t hash, const Acquired& acquired,
+                 SteadyClock::time_point sent, const Call& call,
+                 std::shared_ptr<InFlight>& poller, bool keep_alive) {
     // SPEC §6: the local deadline is the send time plus the time left by the store's clock.
     const auto local_deadline =
         sent + std::chrono::duration_cast<SteadyClock::duration>(acquired.lease.lease_remaining);
-    auto owner = std::make_shared<InFlight>(id.scope, id.key, hash, acquired, call.lease,
-                                            call.interval, local_deadline, call.fingerprint);
-    std::string bytes;
-    bool beating = false;
+    std::shared_ptr<InFlight> owner;
     try {
-      register_owner(owner, hash);
-      if (poller) {
-        // The duplicates that waited on this call's polling now wait on it as the owner.
-        finish(*poller, hash, OwnerState::kGone, nullptr);
-        poller.reset();
+      owner = std::make_shared<InFlight>(id.scope, id.key, hash, acquired, call.lease,
+                                         call.interval, local_deadline, call.fingerprint, this,
+                                         call.ttl);
+    } catch (...) {
+      // Nothing owns the lease yet: give it back before the error leaves.
+      try {
+        (void)store_->release(id.scope, id.key, acquired.lease.token);
+      } catch (...) {
       }
-      beating = true;
-      heartbeat_.add(std::shared_ptr<HeartbeatLease>(owner, &owner->hb));
-      const Attempt attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen,
-                            owner->hb.stop_token());
-      bytes = action(attempt);
-    } catch (...) {
-      // SPEC §5: stop the heartbeat, release, rethrow the caller's exception unchanged.
-      if (beating) heartbeat_.remove(owner->hb);
-      release_quietly(*owner);
-      finish(*owner, hash, OwnerState::kGone, nullptr);
       throw;
     }
-    heartbeat_.remove(owner->hb);
-    if (bytes.size() > options_.max_payload) {
-      // SPEC §10: refuse before the result is lost, and leave the key clean for a retry.
-      release_quietly(*owner);
-      finish(*owner, hash, OwnerState::kGone, nullptr);
-      throw PayloadTooLarge(bytes.size(), options_.max_payload);
+    InFlight& state = *owner;
+    // From here the handle owns the lease: whatever throws, its destructor releases it
+    // (and takes the lease off the heartbeat, which counts it from the start of add()).
+    BytesBegin begun(HandleKey(), std::move(owner),
+                     keep_alive ? shared_from_this() : std::shared_ptr<ExecutorImpl>());
+    const std::shared_ptr<InFlight>& held = begun.handle()->state_;
+    heartbeat_.add(std::shared_ptr<HeartbeatLease>(held, &state.hb));
+    register_owner(held);
+    if (poller) {
+      // The duplicates that waited on this call's polling now wait on it as the owner.
+      finish(*poller, OwnerState::kGone, nullptr);
+      poller.reset();
     }
-    WriteResult written;
-    try {
-      written = complete(*owner, bytes, call.ttl);
-    } catch (...) {
-      finish(*owner, hash, OwnerState::kGone, nullptr);
-      throw;
-    }
-    if (written == WriteResult::kFenced) {
-      finish(*owner, hash, OwnerState::kGone, nullptr);
-      throw LeaseLost(owner->hb.token(),
-                      "the result was not recorded because another caller now owns the key");
-    }
-    finish(*owner, hash, OwnerState::kCompleted, &bytes);
-    return BytesResult{std::move(bytes), false};
+    return begun;
   }
 
   std::shared_ptr<Store> store_;
@@ -523,17 +571,73 @@ class Executor::Impl {
   mutable std::atomic<std::size_t> waiting_{0};
 };
 
+// --- AttemptCore ------------------------------------------------------------------------
+
+AttemptCore::AttemptCore(std::shared_ptr<InFlight> state,
+                         std::shared_ptr<ExecutorImpl> keep_alive) noexcept
+    : keep_alive_(std::move(keep_alive)), state_(std::move(state)) {}
+
+AttemptCore& AttemptCore::operator=(AttemptCore&& other) noexcept {
+  if (this != &other) {
+    release();
+    state_ = std::move(other.state_);
+    keep_alive_ = std::move(other.keep_alive_);
+    ended_ = other.ended_;
+  }
+  return *this;
+}
+
+bool AttemptCore::active() const noexcept {
+  return state_ != nullptr && !ended_;
+}
+
+InFlight& AttemptCore::state() const {
+  if (state_ == nullptr) {
+    throw std::logic_error("idem::AttemptHandle: the handle is empty (moved from)");
+  }
+  return *state_;
+}
+
+const Attempt& AttemptCore::attempt() const { return state().attempt; }
+
+std::string_view AttemptCore::scope() const { return state().hb.scope(); }
+
+std::string_view AttemptCore::key() const { return state().hb.key(); }
+
+void AttemptCore::release() noexcept {
+  if (state_ == nullptr || ended_) return;
+  ended_ = true;
+  state_->exec->release(*state_);
+}
+
+Result<std::string> AttemptCore::complete_bytes(std::string bytes) {
+  InFlight& s = state();
+  if (ended_) throw std::logic_error("idem::AttemptHandle: the handle has already ended");
+  // Whatever complete does, it ends the lease.
+  ended_ = true;
+  return s.exec->complete(s, std::move(bytes));
+}
+
+}  // namespace detail
+
+// --- Executor ---------------------------------------------------------------------------
+
 Executor::Executor(std::shared_ptr<Store> store, ExecutorOptions options) {
   if (!store) throw InvalidArgument("store", "must not be null");
   validate_options(options);
-  impl_ = std::make_unique<Impl>(std::move(store), std::move(options));
+  impl_ = std::make_shared<detail::ExecutorImpl>(std::move(store), std::move(options));
 }
 
 Executor::~Executor() = default;
 
+BeginResult<std::string> Executor::begin_bytes(std::string_view scope, std::string_view key,
+                                               const CallOptions& call, bool keep_alive) {
+  return impl_->begin(scope, key, call, keep_alive);
+}
+
 Executor::BytesResult Executor::run_bytes(std::string_view scope, std::string_view key,
                                           const BytesAction& action, const CallOptions& call) {
-  return impl_->run(scope, key, action, call);
+  return run<std::string>(scope, key, action, call);
 }
 
 Store& Executor::store() const noexcept { return impl_->store(); }

@@ -26,7 +26,9 @@
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
 #include "support/fault_store.h"
+#include "support/gate.h"
 #include "support/matchers.h"
+#include "support/store_fixtures.h"
 
 namespace {
 
@@ -40,33 +42,13 @@ using idem::ExecutorOptions;
 using idem::WaitPolicy;
 using idem::testing::eventually;
 using idem::testing::FaultStore;
+using idem::testing::Gate;
 using idem::testing::kEventually;
 using idem::testing::IsAcquired;
 using idem::testing::IsBusy;
 using idem::testing::Op;
 using idem::testing::ThrowsIdem;
 
-
-// A one-shot signal between threads.
-class Gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  bool wait() {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, kEventually, [&] { return open_; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 // Waits (boundedly) for the lease to be lost, as a cooperative action would.
 bool wait_for_lost(const Attempt& attempt) {
@@ -89,28 +71,61 @@ std::size_t thread_count() {
   return n;
 }
 
-// The default: a store on a clock that moves only when told to.
-class ExecutorTest : public ::testing::Test {
+class ExecutorTest : public idem::testing::ManualClockStoreTest {};
+class ExecutorRealTimeTest : public idem::testing::SystemClockStoreTest {};
+
+// Every test that applies runs in both forms of a call (issue 11): run(), and begin() with
+// the action run on a thread of its own that takes the handle over and ends it there, as a
+// queue consumer would. Both forms must behave the same in every test.
+enum class Form { kRun, kBegin };
+
+std::string form_name(const ::testing::TestParamInfo<Form>& info) {
+  return info.param == Form::kRun ? "Run" : "BeginComplete";
+}
+
+template <typename T, typename F>
+idem::Result<T> call_in(Form form, Executor& exec, std::string_view scope, std::string_view key,
+                        F&& action, const CallOptions& options) {
+  if (form == Form::kRun) return exec.run<T>(scope, key, std::forward<F>(action), options);
+  auto begun = exec.begin<T>(scope, key, options);
+  if (auto* replay = begun.replay()) return std::move(*replay);
+  if (const auto* busy = begun.busy()) {
+    // What run() throws for the same answer, so the tests read the same in both forms.
+    throw idem::InProgress(busy->lease_expires_at, busy->lease_remaining);
+  }
+  // If the action throws, the handle's destructor releases on the other thread and the
+  // future hands the same exception object back.
+  return std::async(std::launch::async, [&action, handle = std::move(*begun.handle())]() mutable {
+           T value(action(handle.attempt()));
+           return handle.complete(std::move(value));
+         })
+      .get();
+}
+
+template <typename Base>
+class FormTest : public Base, public ::testing::WithParamInterface<Form> {
  protected:
-  std::shared_ptr<idem::ManualClock> clock_ = std::make_shared<idem::ManualClock>();
-  std::shared_ptr<idem::MemoryStore> memory_ =
-      std::make_shared<idem::MemoryStore>(idem::MemoryStoreOptions{.clock = clock_});
-  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
+  template <typename T = std::string, typename F>
+  idem::Result<T> call(Executor& exec, std::string_view scope, std::string_view key, F&& action,
+                       const CallOptions& options = {}) {
+    return call_in<T>(this->GetParam(), exec, scope, key, std::forward<F>(action), options);
+  }
 };
 
-// A store on the system clock, for the heartbeat to run against for real.
-class ExecutorRealTimeTest : public ::testing::Test {
- protected:
-  std::shared_ptr<idem::MemoryStore> memory_ = std::make_shared<idem::MemoryStore>();
-  std::shared_ptr<FaultStore> store_ = std::make_shared<FaultStore>(memory_);
-};
+class ExecutorFormTest : public FormTest<ExecutorTest> {};
+class ExecutorRealTimeFormTest : public FormTest<ExecutorRealTimeTest> {};
+
+INSTANTIATE_TEST_SUITE_P(Forms, ExecutorFormTest, ::testing::Values(Form::kRun, Form::kBegin),
+                         form_name);
+INSTANTIATE_TEST_SUITE_P(Forms, ExecutorRealTimeFormTest,
+                         ::testing::Values(Form::kRun, Form::kBegin), form_name);
 
 // --- results and replays --------------------------------------------------------------
 
-TEST_F(ExecutorTest, RunsTheActionAndRecordsItsResult) {
+TEST_P(ExecutorFormTest, RunsTheActionAndRecordsItsResult) {
   Executor exec(store_);
   int runs = 0;
-  auto r = exec.run("s", "k", [&](const Attempt&) {
+  auto r = call(exec, "s", "k", [&](const Attempt&) {
     ++runs;
     return std::string("result");
   });
@@ -123,41 +138,41 @@ TEST_F(ExecutorTest, RunsTheActionAndRecordsItsResult) {
   EXPECT_EQ(record->payload, "result");
 }
 
-TEST_F(ExecutorTest, DuplicateReplaysTheStoredResultWithoutRunning) {
+TEST_P(ExecutorFormTest, DuplicateReplaysTheStoredResultWithoutRunning) {
   Executor exec(store_);
   int runs = 0;
   auto action = [&](const Attempt&) { return "run " + std::to_string(++runs); };
-  auto first = exec.run("s", "k", action);
-  auto second = exec.run("s", "k", action);
+  auto first = call(exec, "s", "k", action);
+  auto second = call(exec, "s", "k", action);
   EXPECT_EQ(runs, 1);
   EXPECT_FALSE(first.replayed);
   EXPECT_TRUE(second.replayed);
   EXPECT_EQ(second.value, "run 1");
 }
 
-TEST_F(ExecutorTest, DifferentScopesAreDifferentRecords) {
+TEST_P(ExecutorFormTest, DifferentScopesAreDifferentRecords) {
   Executor exec(store_);
-  auto a = exec.run("a:b", "c", [](const Attempt&) { return std::string("1"); });
-  auto b = exec.run("a", "b:c", [](const Attempt&) { return std::string("2"); });
+  auto a = call(exec, "a:b", "c", [](const Attempt&) { return std::string("1"); });
+  auto b = call(exec, "a", "b:c", [](const Attempt&) { return std::string("2"); });
   EXPECT_FALSE(a.replayed);
   EXPECT_FALSE(b.replayed);
   EXPECT_EQ(b.value, "2");
 }
 
-TEST_F(ExecutorTest, ExpiredResultIsNotReplayed) {
+TEST_P(ExecutorFormTest, ExpiredResultIsNotReplayed) {
   Executor exec(store_, ExecutorOptions{.ttl = 1h});
-  (void)exec.run("s", "k", [](const Attempt&) { return std::string("old"); });
+  (void)call(exec, "s", "k", [](const Attempt&) { return std::string("old"); });
   // SPEC §8: a completed record past its TTL is treated as absent.
   clock_->advance(1h + 1ms);
-  auto r = exec.run("s", "k", [](const Attempt&) { return std::string("new"); });
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string("new"); });
   EXPECT_FALSE(r.replayed);
   EXPECT_EQ(r.value, "new");
 }
 
-TEST_F(ExecutorTest, ActionSeesItsLease) {
+TEST_P(ExecutorFormTest, ActionSeesItsLease) {
   Executor exec(store_);
   idem::Token seen = 0;
-  (void)exec.run("s", "k", [&](const Attempt& a) {
+  (void)call(exec, "s", "k", [&](const Attempt& a) {
     seen = a.token();
     EXPECT_EQ(a.number(), 1u);
     EXPECT_FALSE(a.stolen());
@@ -169,12 +184,12 @@ TEST_F(ExecutorTest, ActionSeesItsLease) {
   EXPECT_EQ(exec.active_leases(), 0u);
 }
 
-TEST_F(ExecutorTest, BinaryKeysAndPayloadsRoundTrip) {
+TEST_P(ExecutorFormTest, BinaryKeysAndPayloadsRoundTrip) {
   Executor exec(store_);
   const std::string key("k\0ey", 4);
   const std::string payload("\0\1\2\xff", 4);
-  (void)exec.run("s", key, [&](const Attempt&) { return payload; });
-  auto r = exec.run("s", key, [](const Attempt&) { return std::string("other"); });
+  (void)call(exec, "s", key, [&](const Attempt&) { return payload; });
+  auto r = call(exec, "s", key, [](const Attempt&) { return std::string("other"); });
   EXPECT_TRUE(r.replayed);
   EXPECT_EQ(r.value, payload);
 }
@@ -200,10 +215,10 @@ struct idem::Codec<Invoice> {
 
 namespace {
 
-TEST_F(ExecutorTest, TypedRunUsesTheUserCodec) {
+TEST_P(ExecutorFormTest, TypedRunUsesTheUserCodec) {
   Executor exec(store_);
-  auto first = exec.run<Invoice>("s", "k", [](const Attempt&) { return Invoice{42, "paid"}; });
-  auto second = exec.run<Invoice>("s", "k", [](const Attempt&) { return Invoice{0, "again"}; });
+  auto first = call<Invoice>(exec, "s", "k", [](const Attempt&) { return Invoice{42, "paid"}; });
+  auto second = call<Invoice>(exec, "s", "k", [](const Attempt&) { return Invoice{0, "again"}; });
   EXPECT_EQ(memory_->get("s", "k")->payload, "42|paid");
   EXPECT_FALSE(first.replayed);
   EXPECT_TRUE(second.replayed);
@@ -211,11 +226,11 @@ TEST_F(ExecutorTest, TypedRunUsesTheUserCodec) {
   EXPECT_EQ(second.value.memo, "paid");
 }
 
-TEST_F(ExecutorTest, ByteVectorCodecRoundTrips) {
+TEST_P(ExecutorFormTest, ByteVectorCodecRoundTrips) {
   Executor exec(store_);
   const std::vector<std::byte> bytes{std::byte{0}, std::byte{0x7f}, std::byte{0xff}};
-  (void)exec.run<std::vector<std::byte>>("s", "k", [&](const Attempt&) { return bytes; });
-  auto r = exec.run<std::vector<std::byte>>(
+  (void)call<std::vector<std::byte>>(exec, "s", "k", [&](const Attempt&) { return bytes; });
+  auto r = call<std::vector<std::byte>>(exec, 
       "s", "k", [](const Attempt&) { return std::vector<std::byte>{}; });
   EXPECT_TRUE(r.replayed);
   EXPECT_EQ(r.value, bytes);
@@ -228,7 +243,7 @@ struct PaymentDeclined : std::runtime_error {
   int code;
 };
 
-TEST_F(ExecutorTest, ThrowingActionReleasesAndRethrowsTheSameObject) {
+TEST_P(ExecutorFormTest, ThrowingActionReleasesAndRethrowsTheSameObject) {
   Executor exec(store_);
   // The address of the exception object the action throws, to check it is not copied.
   const std::exception_ptr thrown = std::make_exception_ptr(PaymentDeclined(7));
@@ -239,7 +254,7 @@ TEST_F(ExecutorTest, ThrowingActionReleasesAndRethrowsTheSameObject) {
     original = &e;
   }
   try {
-    (void)exec.run("s", "k",
+    (void)call(exec, "s", "k",
                    [&](const Attempt&) -> std::string { std::rethrow_exception(thrown); });
     FAIL() << "run did not throw";
   } catch (const PaymentDeclined& e) {
@@ -255,22 +270,22 @@ TEST_F(ExecutorTest, ThrowingActionReleasesAndRethrowsTheSameObject) {
   EXPECT_EQ(exec.active_leases(), 0u);
 }
 
-TEST_F(ExecutorTest, ThrowingActionKeepsItsTypeWhenNotAStdException) {
+TEST_P(ExecutorFormTest, ThrowingActionKeepsItsTypeWhenNotAStdException) {
   Executor exec(store_);
-  EXPECT_THROW((void)exec.run("s", "k", [](const Attempt&) -> std::string { throw 42; }), int);
+  EXPECT_THROW((void)call(exec, "s", "k", [](const Attempt&) -> std::string { throw 42; }), int);
   EXPECT_FALSE(memory_->get("s", "k").has_value());
 }
 
-TEST_F(ExecutorTest, ReleaseFailureStillRethrowsTheActionsException) {
+TEST_P(ExecutorFormTest, ReleaseFailureStillRethrowsTheActionsException) {
   Executor exec(store_, ExecutorOptions{.lease = 10s});
   store_->fail_next(Op::kRelease);
   EXPECT_THROW(
-      (void)exec.run("s", "k", [](const Attempt&) -> std::string { throw PaymentDeclined(1); }),
+      (void)call(exec, "s", "k", [](const Attempt&) -> std::string { throw PaymentDeclined(1); }),
       PaymentDeclined);
   // The release was lost, so the lease simply expires and the next caller steals it.
   EXPECT_EQ(memory_->get("s", "k")->state, idem::RecordState::kInProgress);
   clock_->advance(10s);
-  auto r = exec.run("s", "k", [](const Attempt& a) {
+  auto r = call(exec, "s", "k", [](const Attempt& a) {
     EXPECT_TRUE(a.stolen());
     EXPECT_EQ(a.number(), 2u);
     return std::string("second");
@@ -280,13 +295,13 @@ TEST_F(ExecutorTest, ReleaseFailureStillRethrowsTheActionsException) {
 
 // --- store errors -----------------------------------------------------------------------
 
-TEST_F(ExecutorTest, StoreErrorAtAcquireNeverRunsTheAction) {
+TEST_P(ExecutorFormTest, StoreErrorAtAcquireNeverRunsTheAction) {
   Executor exec(store_);
   store_->fail_next(Op::kAcquire);
   bool ran = false;
   EXPECT_THAT(
       [&] {
-        (void)exec.run("s", "k", [&](const Attempt&) {
+        (void)call(exec, "s", "k", [&](const Attempt&) {
           ran = true;
           return std::string();
         });
@@ -296,20 +311,20 @@ TEST_F(ExecutorTest, StoreErrorAtAcquireNeverRunsTheAction) {
   EXPECT_FALSE(memory_->get("s", "k").has_value());
 }
 
-TEST_F(ExecutorTest, CompleteIsRetriedAfterATransientStoreError) {
+TEST_P(ExecutorFormTest, CompleteIsRetriedAfterATransientStoreError) {
   Executor exec(store_);
   store_->fail_next(Op::kComplete);
-  auto r = exec.run("s", "k", [](const Attempt&) { return std::string("v"); });
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
   EXPECT_EQ(r.value, "v");
   EXPECT_EQ(store_->calls(Op::kComplete), 2u);
   EXPECT_EQ(memory_->get("s", "k")->payload, "v");
 }
 
-TEST_F(ExecutorTest, CompleteThatKeepsFailingGivesStoreUnavailable) {
+TEST_P(ExecutorFormTest, CompleteThatKeepsFailingGivesStoreUnavailable) {
   // The lease is 200 ms by our own clock; retries stop once it has passed.
   Executor exec(store_, ExecutorOptions{.lease = 200ms});
   store_->fail_always(Op::kComplete);
-  EXPECT_THAT([&] { (void)exec.run("s", "k", [](const Attempt&) { return std::string("v"); }); },
+  EXPECT_THAT([&] { (void)call(exec, "s", "k", [](const Attempt&) { return std::string("v"); }); },
               ThrowsIdem(ErrorCode::kStoreUnavailable));
   EXPECT_GE(store_->calls(Op::kComplete), 2u);
   EXPECT_EQ(exec.active_leases(), 0u);
@@ -317,10 +332,10 @@ TEST_F(ExecutorTest, CompleteThatKeepsFailingGivesStoreUnavailable) {
 
 // --- limits and validation --------------------------------------------------------------
 
-TEST_F(ExecutorTest, OversizePayloadIsRefusedWithItsSizeAndTheRecordReleased) {
+TEST_P(ExecutorFormTest, OversizePayloadIsRefusedWithItsSizeAndTheRecordReleased) {
   Executor exec(store_, ExecutorOptions{.max_payload = 10});
   try {
-    (void)exec.run("s", "k", [](const Attempt&) { return std::string(11, 'x'); });
+    (void)call(exec, "s", "k", [](const Attempt&) { return std::string(11, 'x'); });
     FAIL() << "run did not throw";
   } catch (const idem::PayloadTooLarge& e) {
     EXPECT_EQ(e.size(), 11u);
@@ -330,7 +345,7 @@ TEST_F(ExecutorTest, OversizePayloadIsRefusedWithItsSizeAndTheRecordReleased) {
   EXPECT_FALSE(memory_->get("s", "k").has_value());
   EXPECT_EQ(store_->calls(Op::kComplete), 0u);
   // Exactly at the limit is fine.
-  auto r = exec.run("s", "k", [](const Attempt&) { return std::string(10, 'x'); });
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string(10, 'x'); });
   EXPECT_EQ(r.value.size(), 10u);
 }
 
@@ -342,7 +357,7 @@ struct BadCall {
   std::string argument;  // what the error must name
 };
 
-TEST_F(ExecutorTest, BadInputsAreRefusedBeforeAnyStoreCall) {
+TEST_P(ExecutorFormTest, BadInputsAreRefusedBeforeAnyStoreCall) {
   Executor exec(store_);
   const std::vector<BadCall> cases = {
       {"empty key", "s", "", {}, "key"},
@@ -364,7 +379,7 @@ TEST_F(ExecutorTest, BadInputsAreRefusedBeforeAnyStoreCall) {
   for (const BadCall& c : cases) {
     bool ran = false;
     try {
-      (void)exec.run(
+      (void)call(exec, 
           c.scope, c.key,
           [&](const Attempt&) {
             ran = true;
@@ -380,9 +395,9 @@ TEST_F(ExecutorTest, BadInputsAreRefusedBeforeAnyStoreCall) {
   EXPECT_EQ(store_->total_calls(), 0u);
 }
 
-TEST_F(ExecutorTest, LongestScopeAndKeyAreAccepted) {
+TEST_P(ExecutorFormTest, LongestScopeAndKeyAreAccepted) {
   Executor exec(store_);
-  auto r = exec.run(std::string(idem::kMaxScopeBytes, 's'), std::string(idem::kMaxKeyBytes, 'k'),
+  auto r = call(exec, std::string(idem::kMaxScopeBytes, 's'), std::string(idem::kMaxKeyBytes, 'k'),
                     [](const Attempt&) { return std::string("ok"); });
   EXPECT_EQ(r.value, "ok");
 }
@@ -410,32 +425,32 @@ TEST_F(ExecutorTest, BadExecutorOptionsAreRefused) {
 
 // --- fingerprints -----------------------------------------------------------------------
 
-TEST_F(ExecutorTest, DifferentFingerprintOnReplayIsKeyReuse) {
+TEST_P(ExecutorFormTest, DifferentFingerprintOnReplayIsKeyReuse) {
   Executor exec(store_);
-  (void)exec.run(
+  (void)call(exec, 
       "s", "k", [](const Attempt&) { return std::string("v"); }, CallOptions{.fingerprint = "A"});
   try {
-    (void)exec.run(
+    (void)call(exec, 
         "s", "k", [](const Attempt&) { return std::string("w"); }, CallOptions{.fingerprint = "B"});
     FAIL() << "run did not throw";
   } catch (const idem::KeyReuse& e) {
     EXPECT_EQ(e.stored_fingerprint(), "A");
     EXPECT_EQ(e.request_fingerprint(), "B");
   }
-  auto same = exec.run(
+  auto same = call(exec, 
       "s", "k", [](const Attempt&) { return std::string("w"); }, CallOptions{.fingerprint = "A"});
   EXPECT_TRUE(same.replayed);
   // Only one side carrying a fingerprint is no evidence of reuse.
-  auto none = exec.run("s", "k", [](const Attempt&) { return std::string("w"); });
+  auto none = call(exec, "s", "k", [](const Attempt&) { return std::string("w"); });
   EXPECT_TRUE(none.replayed);
 }
 
-TEST_F(ExecutorTest, DifferentFingerprintOnBusyIsKeyReuseNotAWait) {
+TEST_P(ExecutorFormTest, DifferentFingerprintOnBusyIsKeyReuseNotAWait) {
   ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h, "A"), IsAcquired());
   Executor exec(store_);
   EXPECT_THAT(
       [&] {
-        (void)exec.run(
+        (void)call(exec, 
             "s", "k", [](const Attempt&) { return std::string(); },
             CallOptions{.wait = WaitPolicy{.max_wait = 1h}, .fingerprint = "B"});
       },
@@ -443,11 +458,11 @@ TEST_F(ExecutorTest, DifferentFingerprintOnBusyIsKeyReuseNotAWait) {
   EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
 }
 
-TEST_F(ExecutorTest, DifferentFingerprintFromAnInProcessOwnerIsKeyReuse) {
+TEST_P(ExecutorFormTest, DifferentFingerprintFromAnInProcessOwnerIsKeyReuse) {
   Executor exec(store_);
   Gate started, finish;
   auto owner = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k",
         [&](const Attempt&) {
           started.open();
@@ -460,7 +475,7 @@ TEST_F(ExecutorTest, DifferentFingerprintFromAnInProcessOwnerIsKeyReuse) {
   const auto calls_before = store_->total_calls();
   EXPECT_THAT(
       [&] {
-        (void)exec.run(
+        (void)call(exec, 
             "s", "k", [](const Attempt&) { return std::string(); },
             CallOptions{.wait = WaitPolicy{.max_wait = 1h}, .fingerprint = "B"});
       },
@@ -472,14 +487,14 @@ TEST_F(ExecutorTest, DifferentFingerprintFromAnInProcessOwnerIsKeyReuse) {
 
 // --- fail fast --------------------------------------------------------------------------
 
-TEST_F(ExecutorTest, FailFastInProgressCarriesTheOwnersDeadline) {
+TEST_P(ExecutorFormTest, FailFastInProgressCarriesTheOwnersDeadline) {
   auto owner = memory_->acquire("s", "k", 60s, 1h);
   ASSERT_THAT(owner, IsAcquired());
   const auto deadline = std::get<idem::Acquired>(owner).lease.lease_expires_at;
   Executor exec(store_);
   bool ran = false;
   try {
-    (void)exec.run("s", "k", [&](const Attempt&) {
+    (void)call(exec, "s", "k", [&](const Attempt&) {
       ran = true;
       return std::string();
     });
@@ -491,12 +506,12 @@ TEST_F(ExecutorTest, FailFastInProgressCarriesTheOwnersDeadline) {
   EXPECT_FALSE(ran);
 }
 
-TEST_F(ExecutorTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
+TEST_P(ExecutorFormTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
   Executor exec(store_, ExecutorOptions{.lease = 60s});
   Gate started, finish;
   idem::Timestamp deadline{};
   auto owner = std::async(std::launch::async, [&] {
-    return exec.run("s", "k", [&](const Attempt&) {
+    return call(exec, "s", "k", [&](const Attempt&) {
       deadline = memory_->get("s", "k")->lease_expires_at;
       started.open();
       finish.wait();
@@ -506,7 +521,7 @@ TEST_F(ExecutorTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
   ASSERT_TRUE(started.wait());
   const auto calls_before = store_->total_calls();
   try {
-    (void)exec.run("s", "k", [](const Attempt&) { return std::string(); });
+    (void)call(exec, "s", "k", [](const Attempt&) { return std::string(); });
     ADD_FAILURE() << "run did not throw";
   } catch (const idem::InProgress& e) {
     EXPECT_EQ(e.lease_expires_at(), deadline);
@@ -521,12 +536,12 @@ TEST_F(ExecutorTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
 // --- waiting on another process ---------------------------------------------------------
 
 // Two executors on one store stand for two processes: neither sees the other in memory.
-TEST_F(ExecutorTest, WaiterEndsWithAReplayWhenTheOwnerCompletes) {
+TEST_P(ExecutorFormTest, WaiterEndsWithAReplayWhenTheOwnerCompletes) {
   Executor process_a(store_);
   Executor process_b(store_);
   Gate started, finish;
   auto owner = std::async(std::launch::async, [&] {
-    return process_a.run("s", "k", [&](const Attempt&) {
+    return call(process_a, "s", "k", [&](const Attempt&) {
       started.open();
       finish.wait();
       return std::string("from a");
@@ -534,7 +549,7 @@ TEST_F(ExecutorTest, WaiterEndsWithAReplayWhenTheOwnerCompletes) {
   });
   ASSERT_TRUE(started.wait());
   auto waiter = std::async(std::launch::async, [&] {
-    return process_b.run(
+    return call(process_b, 
         "s", "k", [](const Attempt&) { return std::string("from b"); },
         CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
   });
@@ -547,12 +562,12 @@ TEST_F(ExecutorTest, WaiterEndsWithAReplayWhenTheOwnerCompletes) {
   EXPECT_FALSE(owner.get().replayed);
 }
 
-TEST_F(ExecutorTest, WaiterAcquiresForItselfWhenTheOwnerReleases) {
+TEST_P(ExecutorFormTest, WaiterAcquiresForItselfWhenTheOwnerReleases) {
   Executor process_a(store_);
   Executor process_b(store_);
   Gate started, finish;
   auto owner = std::async(std::launch::async, [&] {
-    (void)process_a.run("s", "k", [&](const Attempt&) -> std::string {
+    (void)call(process_a, "s", "k", [&](const Attempt&) -> std::string {
       started.open();
       finish.wait();
       throw PaymentDeclined(1);
@@ -560,7 +575,7 @@ TEST_F(ExecutorTest, WaiterAcquiresForItselfWhenTheOwnerReleases) {
   });
   ASSERT_TRUE(started.wait());
   auto waiter = std::async(std::launch::async, [&] {
-    return process_b.run(
+    return call(process_b, 
         "s", "k",
         [](const Attempt& a) {
           // SPEC §4: after a release the key looks never used.
@@ -578,13 +593,13 @@ TEST_F(ExecutorTest, WaiterAcquiresForItselfWhenTheOwnerReleases) {
   EXPECT_EQ(r.value, "from b");
 }
 
-TEST_F(ExecutorTest, WaiterStealsWhenTheOwnersLeaseExpires) {
+TEST_P(ExecutorFormTest, WaiterStealsWhenTheOwnersLeaseExpires) {
   // A process that died holding the lease: nobody extends it.
   auto dead = memory_->acquire("s", "k", 60s, 1h);
   ASSERT_THAT(dead, IsAcquired());
   Executor exec(store_);
   auto waiter = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k",
         [](const Attempt& a) {
           EXPECT_TRUE(a.stolen());
@@ -601,12 +616,12 @@ TEST_F(ExecutorTest, WaiterStealsWhenTheOwnersLeaseExpires) {
   EXPECT_EQ(memory_->get("s", "k")->payload, "taken over");
 }
 
-TEST_F(ExecutorTest, WaiterGivesUpWithInProgressWhenItsBoundRunsOut) {
+TEST_P(ExecutorFormTest, WaiterGivesUpWithInProgressWhenItsBoundRunsOut) {
   auto owner = memory_->acquire("s", "k", 60s, 1h);
   ASSERT_THAT(owner, IsAcquired());
   Executor exec(store_);
   try {
-    (void)exec.run(
+    (void)call(exec, 
         "s", "k", [](const Attempt&) { return std::string(); },
         CallOptions{.wait =
                         WaitPolicy{.max_wait = 50ms, .initial_backoff = 5ms, .max_backoff = 10ms}});
@@ -619,13 +634,13 @@ TEST_F(ExecutorTest, WaiterGivesUpWithInProgressWhenItsBoundRunsOut) {
   EXPECT_EQ(exec.waiting_duplicates(), 0u);
 }
 
-TEST_F(ExecutorRealTimeTest, WaiterNeverSleepsPastTheOwnersLeaseDeadline) {
+TEST_P(ExecutorRealTimeFormTest, WaiterNeverSleepsPastTheOwnersLeaseDeadline) {
   // The owner's lease ends in 100 ms and nobody extends it. The waiter's backoff is an
   // hour: only by honouring the owner's deadline can it steal the key soon.
   ASSERT_THAT(memory_->acquire("s", "k", 100ms, 1h), IsAcquired());
   Executor exec(store_);
   auto waiter = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k", [](const Attempt& a) { return std::to_string(a.number()); },
         CallOptions{.wait = WaitPolicy{.max_wait = 2h, .initial_backoff = 1h, .max_backoff = 1h}});
   });
@@ -635,12 +650,12 @@ TEST_F(ExecutorRealTimeTest, WaiterNeverSleepsPastTheOwnersLeaseDeadline) {
 
 // --- waiting on this process, in memory -------------------------------------------------
 
-TEST_F(ExecutorTest, InProcessDuplicateWaitsInMemoryAndGetsTheResult) {
+TEST_P(ExecutorFormTest, InProcessDuplicateWaitsInMemoryAndGetsTheResult) {
   Executor exec(store_);
   Gate started, finish;
   int runs = 0;
   auto owner = std::async(std::launch::async, [&] {
-    return exec.run("s", "k", [&](const Attempt&) {
+    return call(exec, "s", "k", [&](const Attempt&) {
       ++runs;
       started.open();
       finish.wait();
@@ -650,7 +665,7 @@ TEST_F(ExecutorTest, InProcessDuplicateWaitsInMemoryAndGetsTheResult) {
   ASSERT_TRUE(started.wait());
   ASSERT_EQ(store_->calls(Op::kAcquire), 1u);
   auto duplicate = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k", [&](const Attempt&) { return std::string("dup"); },
         CallOptions{.wait =
                         WaitPolicy{.max_wait = 1h, .initial_backoff = 1ms, .max_backoff = 1ms}});
@@ -669,11 +684,11 @@ TEST_F(ExecutorTest, InProcessDuplicateWaitsInMemoryAndGetsTheResult) {
   EXPECT_EQ(exec.waiting_duplicates(), 0u);
 }
 
-TEST_F(ExecutorTest, InProcessDuplicateAcquiresWhenTheOwnerThrows) {
+TEST_P(ExecutorFormTest, InProcessDuplicateAcquiresWhenTheOwnerThrows) {
   Executor exec(store_);
   Gate started, finish;
   auto owner = std::async(std::launch::async, [&] {
-    (void)exec.run("s", "k", [&](const Attempt&) -> std::string {
+    (void)call(exec, "s", "k", [&](const Attempt&) -> std::string {
       started.open();
       finish.wait();
       throw PaymentDeclined(2);
@@ -681,7 +696,7 @@ TEST_F(ExecutorTest, InProcessDuplicateAcquiresWhenTheOwnerThrows) {
   });
   ASSERT_TRUE(started.wait());
   auto duplicate = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k",
         [&](const Attempt& a) {
           EXPECT_EQ(a.number(), 1u);
@@ -698,11 +713,11 @@ TEST_F(ExecutorTest, InProcessDuplicateAcquiresWhenTheOwnerThrows) {
   EXPECT_EQ(r.value, "retried");
 }
 
-TEST_F(ExecutorTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
+TEST_P(ExecutorFormTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
   Executor exec(store_);
   Gate started, finish;
   auto owner = std::async(std::launch::async, [&] {
-    return exec.run("s", "k", [&](const Attempt&) {
+    return call(exec, "s", "k", [&](const Attempt&) {
       started.open();
       finish.wait();
       return std::string("v");
@@ -711,7 +726,7 @@ TEST_F(ExecutorTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
   ASSERT_TRUE(started.wait());
   EXPECT_THAT(
       [&] {
-        (void)exec.run(
+        (void)call(exec, 
             "s", "k", [](const Attempt&) { return std::string(); },
             CallOptions{.wait = WaitPolicy{.max_wait = 20ms}});
       },
@@ -722,12 +737,12 @@ TEST_F(ExecutorTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
   EXPECT_EQ(exec.active_leases(), 0u);
 }
 
-TEST_F(ExecutorTest, InProcessDuplicatesOfAnotherProcessesOwnerLeaveOnePollerToPoll) {
+TEST_P(ExecutorFormTest, InProcessDuplicatesOfAnotherProcessesOwnerLeaveOnePollerToPoll) {
   Executor process_a(store_);
   Executor process_b(store_);
   Gate started, finish;
   auto owner = std::async(std::launch::async, [&] {
-    return process_a.run("s", "k", [&](const Attempt&) {
+    return call(process_a, "s", "k", [&](const Attempt&) {
       started.open();
       finish.wait();
       return std::string("from a");
@@ -738,7 +753,7 @@ TEST_F(ExecutorTest, InProcessDuplicatesOfAnotherProcessesOwnerLeaveOnePollerToP
   std::vector<std::future<Executor::BytesResult>> waiters;
   for (int i = 0; i < 4; ++i) {
     waiters.push_back(std::async(std::launch::async, [&] {
-      return process_b.run(
+      return call(process_b, 
           "s", "k",
           [&](const Attempt&) {
             b_ran = true;
@@ -762,18 +777,18 @@ TEST_F(ExecutorTest, InProcessDuplicatesOfAnotherProcessesOwnerLeaveOnePollerToP
   EXPECT_EQ(process_b.waiting_duplicates(), 0u);
 }
 
-TEST_F(ExecutorTest, PollerThatGivesUpHandsPollingToTheNextWaiter) {
+TEST_P(ExecutorFormTest, PollerThatGivesUpHandsPollingToTheNextWaiter) {
   ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h), IsAcquired());
   Executor exec(store_);
   auto short_wait = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k", [](const Attempt&) { return std::string(); },
         CallOptions{.wait =
                         WaitPolicy{.max_wait = 200ms, .initial_backoff = 5ms, .max_backoff = 5ms}});
   });
   ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 3));
   auto long_wait = std::async(std::launch::async, [&] {
-    return exec.run(
+    return call(exec, 
         "s", "k", [](const Attempt& a) { return std::to_string(a.number()); },
         CallOptions{.wait =
                         WaitPolicy{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms}});
@@ -786,13 +801,13 @@ TEST_F(ExecutorTest, PollerThatGivesUpHandsPollingToTheNextWaiter) {
   EXPECT_EQ(long_wait.get().value, "2");
 }
 
-TEST_F(ExecutorTest, ConcurrentDuplicatesRunTheActionOnce) {
+TEST_P(ExecutorFormTest, ConcurrentDuplicatesRunTheActionOnce) {
   Executor exec(store_);
   std::atomic<int> runs{0};
   std::vector<std::future<Executor::BytesResult>> calls;
   for (int i = 0; i < 8; ++i) {
     calls.push_back(std::async(std::launch::async, [&] {
-      return exec.run(
+      return call(exec, 
           "s", "k",
           [&](const Attempt&) {
             ++runs;
@@ -815,21 +830,21 @@ TEST_F(ExecutorTest, ConcurrentDuplicatesRunTheActionOnce) {
 
 // --- the heartbeat, as the action sees it -----------------------------------------------
 
-TEST_F(ExecutorRealTimeTest, HeartbeatKeepsALongActionAlive) {
+TEST_P(ExecutorRealTimeFormTest, HeartbeatKeepsALongActionAlive) {
   // A 300 ms lease extended every 100 ms, for five lease durations.
   Executor exec(store_, ExecutorOptions{.lease = 300ms});
   Executor other_process(store_);
   idem::Timestamp first_deadline{};
   int busy_seen = 0;
   bool lost = false;
-  auto r = exec.run("s", "k", [&](const Attempt& a) {
+  auto r = call(exec, "s", "k", [&](const Attempt& a) {
     first_deadline = memory_->get("s", "k")->lease_expires_at;
     const auto end = std::chrono::steady_clock::now() + 1500ms;
     while (std::chrono::steady_clock::now() < end) {
       // Nobody else can take the key: the store says Busy and another executor fails fast.
       EXPECT_THAT(memory_->acquire("s", "k", 1s, 1h), IsBusy());
       EXPECT_THAT(
-          [&] { (void)other_process.run("s", "k", [](const Attempt&) { return std::string(); }); },
+          [&] { (void)call(other_process, "s", "k", [](const Attempt&) { return std::string(); }); },
           ThrowsIdem(ErrorCode::kInProgress));
       ++busy_seen;
       std::this_thread::sleep_for(50ms);
@@ -848,12 +863,12 @@ TEST_F(ExecutorRealTimeTest, HeartbeatKeepsALongActionAlive) {
   EXPECT_GT(record->completed_at, first_deadline);
 }
 
-TEST_F(ExecutorRealTimeTest, ForgottenRecordLosesTheLease) {
+TEST_P(ExecutorRealTimeFormTest, ForgottenRecordLosesTheLease) {
   Executor exec(store_, ExecutorOptions{.lease = 300ms});
   Gate started;
   idem::Token token = 0;
   auto run = std::async(std::launch::async, [&] {
-    return exec.run("s", "k", [&](const Attempt& a) {
+    return call(exec, "s", "k", [&](const Attempt& a) {
       token = a.token();
       started.open();
       EXPECT_TRUE(wait_for_lost(a));
@@ -873,12 +888,12 @@ TEST_F(ExecutorRealTimeTest, ForgottenRecordLosesTheLease) {
   EXPECT_EQ(exec.active_leases(), 0u);
 }
 
-TEST_F(ExecutorTest, LeaseStolenWhileTheHeartbeatIsPausedIsLost) {
+TEST_P(ExecutorFormTest, LeaseStolenWhileTheHeartbeatIsPausedIsLost) {
   Executor exec(store_, ExecutorOptions{.lease = 300ms});
   store_->pause(Op::kExtend);
   Gate started;
   auto run = std::async(std::launch::async, [&] {
-    return exec.run("s", "k", [&](const Attempt& a) {
+    return call(exec, "s", "k", [&](const Attempt& a) {
       started.open();
       EXPECT_TRUE(wait_for_lost(a));
       return std::string("stale");
@@ -900,12 +915,12 @@ TEST_F(ExecutorTest, LeaseStolenWhileTheHeartbeatIsPausedIsLost) {
   EXPECT_EQ(record->token, std::get<idem::Acquired>(thief).lease.token);
 }
 
-TEST_F(ExecutorTest, RunReturnsWhileTheHeartbeatIsStuckInAStoreCall) {
+TEST_P(ExecutorFormTest, RunReturnsWhileTheHeartbeatIsStuckInAStoreCall) {
   Executor exec(store_, ExecutorOptions{.lease = 300ms});
   store_->pause(Op::kExtend);
   Gate stuck, done;
   auto slow = std::async(std::launch::async, [&] {
-    return exec.run("s", "slow", [&](const Attempt&) {
+    return call(exec, "s", "slow", [&](const Attempt&) {
       // The heartbeat thread is now inside a store call for this lease.
       EXPECT_TRUE(store_->wait_for_blocked(Op::kExtend, 1));
       stuck.open();
@@ -916,7 +931,7 @@ TEST_F(ExecutorTest, RunReturnsWhileTheHeartbeatIsStuckInAStoreCall) {
   ASSERT_TRUE(stuck.wait());
   // Other calls start and finish without waiting for the heartbeat.
   auto quick = std::async(std::launch::async, [&] {
-    return exec.run("s", "quick", [](const Attempt&) { return std::string("quick"); });
+    return call(exec, "s", "quick", [](const Attempt&) { return std::string("quick"); });
   });
   EXPECT_EQ(quick.wait_for(kEventually), std::future_status::ready);
   EXPECT_EQ(quick.get().value, "quick");
@@ -929,14 +944,14 @@ TEST_F(ExecutorTest, RunReturnsWhileTheHeartbeatIsStuckInAStoreCall) {
   store_->resume(Op::kExtend);
 }
 
-TEST_F(ExecutorRealTimeTest, HeartbeatErrorsUntilTheDeadlineLoseTheLease) {
+TEST_P(ExecutorRealTimeFormTest, HeartbeatErrorsUntilTheDeadlineLoseTheLease) {
   std::atomic<int> errors{0};
   Executor exec(store_,
                 ExecutorOptions{.lease = 300ms,
                                 .on_heartbeat_error = [&](const std::exception&) { ++errors; }});
   store_->fail_always(Op::kExtend);
   bool lost = false;
-  auto r = exec.run("s", "k", [&](const Attempt& a) {
+  auto r = call(exec, "s", "k", [&](const Attempt& a) {
     lost = wait_for_lost(a);
     return std::string("finished anyway");
   });
@@ -947,13 +962,13 @@ TEST_F(ExecutorRealTimeTest, HeartbeatErrorsUntilTheDeadlineLoseTheLease) {
   EXPECT_EQ(memory_->get("s", "k")->payload, "finished anyway");
 }
 
-TEST_F(ExecutorRealTimeTest, HeartbeatErrorCallbackThatThrowsIsContained) {
+TEST_P(ExecutorRealTimeFormTest, HeartbeatErrorCallbackThatThrowsIsContained) {
   // A 1 s lease extended every 333 ms; two failed extends are retried well within it.
   Executor exec(store_, ExecutorOptions{.lease = 1s, .on_heartbeat_error = [](const auto&) {
                                           throw std::runtime_error("careless callback");
                                         }});
   store_->fail_next(Op::kExtend, 2);
-  auto r = exec.run("s", "k", [&](const Attempt& a) {
+  auto r = call(exec, "s", "k", [&](const Attempt& a) {
     EXPECT_TRUE(store_->wait_for_calls(Op::kExtend, 3));
     return std::string(a.lease_lost() ? "lost" : "kept");
   });
