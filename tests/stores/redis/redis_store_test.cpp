@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <random>
@@ -17,6 +18,7 @@
 
 #include "idem/error.h"
 #include "idem/executor.h"
+#include "idem/open_store.h"
 #include "idem/stores/redis_store.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
@@ -110,6 +112,18 @@ TEST_F(RedisStoreTest, HostileScopesAndKeysRoundTripUnderTheirOwnRedisKeys) {
   EXPECT_TRUE(store->forget("a:b", "c"));
   EXPECT_THAT(store->acquire("a", "b:c", 30s, 1h), IsReplay("a|b:c"));
   EXPECT_EQ(keys(raw).size(), pairs.size() - 1);
+}
+
+TEST_F(RedisStoreTest, UnixSocketUrlReachesTheSameRecordsAsTcp) {
+  const char* socket = std::getenv("IDEM_TEST_REDIS_SOCKET");
+  if (socket == nullptr || *socket == '\0') GTEST_SKIP() << "IDEM_TEST_REDIS_SOCKET is not set";
+  auto tcp = open();
+  auto local = open_store(std::string("unix://") + socket + "?db=0&prefix=" + options_.prefix);
+  EXPECT_EQ(local->describe(), std::string("unix://") + socket);
+  const Lease lease = std::get<Acquired>(local->acquire("s", "k", 30s, 1h)).lease;
+  EXPECT_THAT(tcp->acquire("s", "k", 30s, 1h), IsBusy());
+  ASSERT_THAT(tcp->complete("s", "k", lease.token, "over tcp", 1h), IsDone());
+  EXPECT_THAT(local->acquire("s", "k", 30s, 1h), IsReplay("over tcp"));
 }
 
 TEST_F(RedisStoreTest, RecordKeyExpiresWhenSpecAllowsItToBePurged) {
