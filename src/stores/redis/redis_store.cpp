@@ -296,24 +296,24 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
       1,
       [&](std::string& o, std::size_t, bool by_body) {
         m.append_script(o, redis::kAcquire, by_body, k, std::int64_t{lease.count()},
-                        std::int64_t{ttl.count()}, std::string_view(fp));
+                        std::int64_t{ttl.count()}, std::string_view(fp),
+                        std::int64_t{std::max(lease, ttl).count()});
       },
       /*wait_replicas=*/true);
   const redisReply& r = *out.replies.front();
-  if (r.type == REDIS_REPLY_STRING) return m.replay_of(m.decode("acquire", r, redis::kKindComplete));
   if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 &&
       r.element[0]->type == REDIS_REPLY_INTEGER && r.element[1]->type == REDIS_REPLY_STRING) {
     return m.busy_of(m.decode("acquire", *r.element[1], redis::kKindInProgress),
                      r.element[0]->integer);
   }
-  if (r.type != REDIS_REPLY_ARRAY || r.elements != 3 ||
-      !std::all_of(r.element, r.element + 3,
-                   [](const redisReply* e) { return e->type == REDIS_REPLY_INTEGER; })) {
-    m.bad_reply("acquire", r);
-  }
-  const auto token = static_cast<Token>(r.element[0]->integer);
-  const Timestamp now = at_ms(r.element[1]->integer);
-  const auto attempt = static_cast<std::uint32_t>(r.element[2]->integer);
+  if (r.type != REDIS_REPLY_STRING) m.bad_reply("acquire", r);
+  const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
+  if (rec && rec->kind == redis::kKindComplete) return m.replay_of(*rec);
+  if (!rec || rec->kind != redis::kKindInProgress) m.fail("acquire: the key does not hold an idem record");
+  // The record the script wrote: its token, its times by the server's clock, its attempt.
+  const Token token = rec->token;
+  const Timestamp now = at_ms(rec->at);
+  const std::uint32_t attempt = rec->attempt;
   if (m.o.wait_replicas > 0 && out.replicas_acked < m.o.wait_replicas) {
     // Not safely replicated: the action must not run on a lease a failover could lose. Let
     // the next caller start at once rather than after the lease (best effort).

@@ -12,6 +12,7 @@
 #include "idem/open_store.h"
 #include "idem/stores/redis_store.h"
 #include "stores/redis/redis_layout.h"
+#include "stores/redis/redis_test_util.h"
 
 namespace idem::redis {
 namespace {
@@ -183,12 +184,12 @@ TEST(RedisUrl, MalformedUrlsAreRefusedBeforeConnecting) {
 }
 
 TEST(RedisUrl, AnUnreachableServerIsNamedWithoutItsPassword) {
-  // Port 1 on loopback: nothing listens there.
+  const std::string port = std::to_string(testing::unused_port());
   try {
-    (void)open_store("redis://app:hunter2@127.0.0.1:1/3?connect_timeout=2000");
+    (void)open_store("redis://app:hunter2@127.0.0.1:" + port + "/3?connect_timeout=2000");
     ADD_FAILURE() << "opened a store on a closed port";
   } catch (const StoreUnavailable& e) {
-    EXPECT_EQ(e.store(), "redis://app:***@127.0.0.1:1/3");
+    EXPECT_EQ(e.store(), "redis://app:***@127.0.0.1:" + port + "/3");
     EXPECT_THAT(e.what(), AllOf(HasSubstr("cannot connect"), HasSubstr("refused"),
                                 Not(HasSubstr("hunter2"))));
   }

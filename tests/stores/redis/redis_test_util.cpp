@@ -126,9 +126,7 @@ long long RawRedis::integer(const std::vector<std::string>& args) {
 
 // --- PrivateRedis -------------------------------------------------------------------------
 
-namespace {
-
-int free_port() {
+int unused_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -143,6 +141,8 @@ int free_port() {
   ::close(fd);
   return port;
 }
+
+namespace {
 
 bool answers_ping(int port) {
   redisContext* c = redisConnect("127.0.0.1", port);
@@ -185,7 +185,7 @@ PrivateRedis::PrivateRedis(std::vector<std::string> args) : args_(std::move(args
   dir_ = pattern;
   // Another process may take the port between our probe and the server's bind; try again.
   for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) {
-    port_ = free_port();
+    port_ = unused_port();
     start();
   }
 }

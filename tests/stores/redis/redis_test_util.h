@@ -108,6 +108,9 @@ class PrivateRedis {
   int pid_ = -1;
 };
 
+// A loopback TCP port nothing listens on right now (bound, then closed again).
+int unused_port();
+
 // Whether a program is on PATH.
 bool have_program(const std::string& name);
 
