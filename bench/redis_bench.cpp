@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -44,12 +45,14 @@
 #include "idem/executor.h"
 #include "idem/open_store.h"
 #include "idem/stores/redis_store.h"
+#include "taking_turns.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-constexpr int kReplayKeys = 1000;
+// The hot set of completed keys the replays cycle over (IDEM_BENCH_REPLAY_KEYS, default 1000).
+int g_replay_keys = 1000;
 constexpr int kDepth = 16;
 constexpr long long kTtlMs = 120'000;  // keys expire on their own after the run
 const std::string kPayload(32, 'p');
@@ -193,9 +196,11 @@ class ServerMeter {
 // Keys unique to the run, the benchmark and the thread.
 class Keys {
  public:
-  Keys(const std::string& name, const benchmark::State& state)
-      : prefix_(g_prefix + name + ":t" + std::to_string(state.thread_index()) + ":" +
+  Keys(const std::string& name, int thread)
+      : prefix_(g_prefix + name + ":t" + std::to_string(thread) + ":" +
                 std::to_string(runs_.fetch_add(1)) + ":") {}
+  Keys(const std::string& name, const benchmark::State& state)
+      : Keys(name, state.thread_index()) {}
   std::string next() { return prefix_ + std::to_string(n_++); }
 
  private:
@@ -206,24 +211,46 @@ class Keys {
 
 std::string raw_replay_key(int i) { return g_prefix + "raw-replay:" + std::to_string(i); }
 
+void populate_raw_replays(RawConn& c) {
+  for (int i = 0; i < g_replay_keys; ++i) {
+    c.command({"SET", raw_replay_key(i), kPayload, "PX", std::to_string(kTtlMs)});
+  }
+}
+
+// `depth` fresh runs on new keys: the acquires in one write, then the completes in another.
+// Returns depth.
+int raw_fresh(RawConn& c, Keys& keys, int depth) {
+  static const std::string lease = "lease-0123456789";
+  std::vector<std::string> batch(static_cast<std::size_t>(depth));
+  for (auto& k : batch) k = keys.next();
+  for (const auto& k : batch) c.append_acquire(k, lease);
+  for (int i = 0; i < depth; ++i) {
+    if (c.reply()->type != REDIS_REPLY_INTEGER) die("raw acquire found the key");
+  }
+  for (const auto& k : batch) c.append_complete(k, lease);
+  for (int i = 0; i < depth; ++i) {
+    if (c.reply()->integer != 1) die("raw complete was fenced");
+  }
+  return depth;
+}
+
+// `depth` replays of completed keys in one write. Returns depth.
+int raw_replay(RawConn& c, long& next, int depth) {
+  for (int i = 0; i < depth; ++i) {
+    c.append_acquire(raw_replay_key(static_cast<int>(next++ % g_replay_keys)), "x");
+  }
+  for (int i = 0; i < depth; ++i) {
+    if (c.reply()->type != REDIS_REPLY_STRING) die("raw replay found no result");
+  }
+  return depth;
+}
+
 void BM_RawFresh(benchmark::State& state) {
   const int depth = static_cast<int>(state.range(0));
   RawConn c;
   ServerMeter meter;
   Keys keys("raw-fresh", state);
-  std::vector<std::string> batch(depth);
-  const std::string lease = "lease-0123456789";
-  for (auto _ : state) {
-    for (auto& k : batch) k = keys.next();
-    for (const auto& k : batch) c.append_acquire(k, lease);
-    for (int i = 0; i < depth; ++i) {
-      if (c.reply()->type != REDIS_REPLY_INTEGER) die("raw acquire found the key");
-    }
-    for (const auto& k : batch) c.append_complete(k, lease);
-    for (int i = 0; i < depth; ++i) {
-      if (c.reply()->integer != 1) die("raw complete was fenced");
-    }
-  }
+  for (auto _ : state) raw_fresh(c, keys, depth);
   const double ops = static_cast<double>(state.iterations()) * depth;
   state.SetItemsProcessed(static_cast<std::int64_t>(ops));
   meter.report(state, ops);
@@ -232,17 +259,10 @@ void BM_RawFresh(benchmark::State& state) {
 void BM_RawReplay(benchmark::State& state) {
   const int depth = static_cast<int>(state.range(0));
   RawConn c;
-  for (int i = 0; i < kReplayKeys; ++i) {
-    c.command({"SET", raw_replay_key(i), kPayload, "PX", std::to_string(kTtlMs)});
-  }
+  populate_raw_replays(c);
   ServerMeter meter;
-  int next = 0;
-  for (auto _ : state) {
-    for (int i = 0; i < depth; ++i) c.append_acquire(raw_replay_key(next++ % kReplayKeys), "x");
-    for (int i = 0; i < depth; ++i) {
-      if (c.reply()->type != REDIS_REPLY_STRING) die("raw replay found no result");
-    }
-  }
+  long next = 0;
+  for (auto _ : state) raw_replay(c, next, depth);
   const double ops = static_cast<double>(state.iterations()) * depth;
   state.SetItemsProcessed(static_cast<std::int64_t>(ops));
   meter.report(state, ops);
@@ -257,32 +277,36 @@ std::string g_scope;
 std::uint64_t g_commands_before = 0;
 std::uint64_t g_trips_before = 0;
 
-idem::RedisStoreOptions store_options(const benchmark::State& state) {
+// Replay orders by benchmark argument: 0 script, 1 get, 2 auto.
+idem::RedisStoreOptions store_options(std::int64_t path, std::int64_t connections) {
+  constexpr idem::RedisReplayPath kPaths[] = {idem::RedisReplayPath::kScript,
+                                              idem::RedisReplayPath::kGet,
+                                              idem::RedisReplayPath::kAuto};
   idem::RedisStoreOptions o;
   o.host = g_host;
   o.port = g_port;
   o.prefix = g_prefix;
-  constexpr idem::RedisReplayPath kPaths[] = {idem::RedisReplayPath::kScript,
-                                              idem::RedisReplayPath::kGet,
-                                              idem::RedisReplayPath::kAuto};
-  o.replay = kPaths[state.range(0)];
-  o.connections = static_cast<std::size_t>(state.range(1));
+  o.replay = kPaths[path];
+  o.connections = static_cast<std::size_t>(connections);
   return o;
+}
+
+std::string idem_replay_key(long i) { return "replay-" + std::to_string(i % g_replay_keys); }
+
+void populate_idem_replays(idem::Executor& executor, const std::string& scope) {
+  for (int i = 0; i < g_replay_keys; ++i) {
+    (void)executor.run(scope, idem_replay_key(i), [](const idem::Attempt&) { return kPayload; });
+  }
 }
 
 void set_up(const benchmark::State& state, bool replays) {
   if (state.thread_index() != 0) return;
   static std::atomic<int> runs{0};
   g_scope = "bench-" + std::to_string(runs.fetch_add(1));
-  g_store = std::make_shared<idem::RedisStore>(store_options(state));
+  g_store = std::make_shared<idem::RedisStore>(store_options(state.range(0), state.range(1)));
   g_executor = std::make_unique<idem::Executor>(
       g_store, idem::ExecutorOptions{.ttl = idem::Duration{kTtlMs}});
-  if (replays) {
-    for (int i = 0; i < kReplayKeys; ++i) {
-      (void)g_executor->run(g_scope, "replay-" + std::to_string(i),
-                            [](const idem::Attempt&) { return kPayload; });
-    }
-  }
+  if (replays) populate_idem_replays(*g_executor, g_scope);
   g_meter = std::make_unique<ServerMeter>();
   g_commands_before = g_store->stats().commands;
   g_trips_before = g_store->stats().round_trips;
@@ -316,11 +340,9 @@ void BM_IdemFresh(benchmark::State& state) {
 
 void BM_IdemReplay(benchmark::State& state) {
   set_up(state, true);
-  int next = state.thread_index() * 31;
-  std::vector<std::string> keys;
-  for (int i = 0; i < kReplayKeys; ++i) keys.push_back("replay-" + std::to_string(i));
+  long next = state.thread_index() * 31;
   for (auto _ : state) {
-    auto r = g_executor->run(g_scope, keys[next++ % kReplayKeys],
+    auto r = g_executor->run(g_scope, idem_replay_key(next++),
                              [](const idem::Attempt&) -> std::string { die("replay ran"); });
     benchmark::DoNotOptimize(r.value.data());
   }
@@ -352,6 +374,78 @@ BENCHMARK(BM_IdemReplay)
     ->Args({2, 4})
     ->Threads(32)
     ->UseRealTime();
+
+// --- raw and idem taking turns ---
+
+// The machine these figures come from is shared and its load moves by a factor of two
+// within a minute, so the ratios that the targets are about come from raw and idem taking
+// turns in 250 ms slices (taking_turns.h; IDEM_BENCH_SLICES each, default 4): both sides see
+// the same machine. Arguments: fresh (1) or replay (0); 1 caller, against raw scripts one at
+// a time (0), or 32 callers, against raw scripts pipelined 16 deep over one connection (1);
+// the replay order (0 script, 1 get, 2 auto).
+void BM_TakingTurns(benchmark::State& state) {
+  const bool fresh = state.range(0) == 1;
+  const bool concurrent = state.range(1) == 1;
+  const int depth = concurrent ? kDepth : 1;
+  const int callers = concurrent ? 32 : 1;
+  const char* slices_env = std::getenv("IDEM_BENCH_SLICES");
+  const int slices = slices_env != nullptr ? std::atoi(slices_env) : 4;
+
+  RawConn raw;
+  populate_raw_replays(raw);
+  Keys raw_keys("turns-raw", 0);
+  long raw_next = 0;
+  auto raw_op = [&](int, long) {
+    return fresh ? raw_fresh(raw, raw_keys, depth) : raw_replay(raw, raw_next, depth);
+  };
+
+  auto store = std::make_shared<idem::RedisStore>(store_options(state.range(2), 2));
+  idem::Executor executor(store, idem::ExecutorOptions{.ttl = idem::Duration{kTtlMs}});
+  static std::atomic<int> runs{0};
+  const std::string scope = "turns-" + std::to_string(runs.fetch_add(1));
+  if (!fresh) populate_idem_replays(executor, scope);
+  std::vector<std::unique_ptr<Keys>> keys;
+  for (int t = 0; t < callers; ++t) keys.push_back(std::make_unique<Keys>("turns-idem", t));
+  auto idem_op = [&](int t, long i) {
+    if (fresh) {
+      auto r = executor.run(scope, keys[static_cast<std::size_t>(t)]->next(),
+                            [](const idem::Attempt&) { return kPayload; });
+      if (r.replayed) die("a fresh key replayed");
+    } else {
+      auto r = executor.run(scope, idem_replay_key(t * 31 + i),
+                            [](const idem::Attempt&) -> std::string { die("replay ran"); });
+      benchmark::DoNotOptimize(r.value.data());
+    }
+  };
+
+  // Not counted: connections warmed up, scripts cached, the hot set read once.
+  idem::bench::slice(1, raw_op);
+  idem::bench::slice(callers, idem_op);
+  long raw_ops = 0, idem_ops = 0;
+  double raw_s = 0, idem_s = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < slices; ++i) {
+      const auto [rn, rs] = idem::bench::slice(1, raw_op);
+      const auto [in, is] = idem::bench::slice(callers, idem_op);
+      raw_ops += rn;
+      raw_s += rs;
+      idem_ops += in;
+      idem_s += is;
+    }
+  }
+  const double raw_rate = static_cast<double>(raw_ops) / raw_s;
+  const double idem_rate = static_cast<double>(idem_ops) / idem_s;
+  state.counters["raw_per_s"] = raw_rate;
+  state.counters["idem_per_s"] = idem_rate;
+  state.counters["ratio"] = idem_rate / raw_rate;
+}
+
+BENCHMARK(BM_TakingTurns)
+    ->ArgNames({"fresh", "callers32", "path"})
+    ->ArgsProduct({{1, 0}, {0, 1}, {0, 1, 2}})
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kSecond);
 
 // --- the batched heartbeat -------------------------------------------------------------------
 
@@ -450,6 +544,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "redis_bench: IDEM_TEST_REDIS_URL is not set; skipped\n");
     return 77;
   }
+  if (const char* n = std::getenv("IDEM_BENCH_REPLAY_KEYS")) g_replay_keys = std::max(1, std::atoi(n));
   const idem::Url parsed = idem::parse_url(url);
   g_host = parsed.host.empty() ? "127.0.0.1" : parsed.host;
   g_port = parsed.port != 0 ? parsed.port : 6379;

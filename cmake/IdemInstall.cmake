@@ -36,6 +36,12 @@ foreach(t IN LISTS _targets)
   string(APPEND _pc_libs " -l${t}")
 endforeach()
 string(APPEND _pc_libs " -lidem_core")
+# libpq by name, not as a required package: Debian's libpq.pc lists its own static
+# dependencies (pgcommon, pgport, gssapi, ...) for --static, and only the shared libpq is
+# installed.
+if("PostgreSQL" IN_LIST IDEM_STORE_PACKAGES)
+  string(APPEND _pc_libs " -lpq")
+endif()
 # Relative, so the installed tree can be moved.
 file(RELATIVE_PATH _pc_up "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" _pc_up "${_pc_up}")

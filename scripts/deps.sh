@@ -8,7 +8,7 @@ IDEM_PACKAGES=(
   libsqlite3-dev sqlite3 libhiredis-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
-  postgresql-15 postgresql-client-15 redis-server redis-tools faketime
+  postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
 )
 
 idem_install_deps() {

@@ -37,22 +37,36 @@ idem_stop_servers() {
 }
 trap idem_stop_servers EXIT
 
-# PostgreSQL 15: initdb as the unprivileged `postgres` user (the server refuses root), TCP on
-# 127.0.0.1 and a unix socket in the temporary directory. Exports IDEM_TEST_POSTGRES_URL
-# (database idem_test, user postgres, trust authentication on loopback only),
-# IDEM_TEST_POSTGRES_SOCKET_DIR, IDEM_TEST_POSTGRES_PORT and IDEM_TEST_POSTGRES_DATA.
+# initdb as the unprivileged `postgres` user (the server refuses root) into DIR/data; extra
+# arguments go to initdb. DIR is made the postgres user's.
+idem_postgres_init() {
+  local dir=$1; shift
+  chown postgres:postgres "$dir"
+  chmod 700 "$dir"
+  runuser -u postgres -- "$IDEM_PG_BIN/initdb" -D "$dir/data" -U postgres -A trust \
+    --no-sync -E UTF8 "$@" >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
+}
+
+# Starts the server of DIR/data on 127.0.0.1:PORT and a unix socket in DIR; extra arguments
+# are server options ("-c name=value").
+idem_postgres_run() {
+  local dir=$1 port=$2; shift 2
+  runuser -u postgres -- "$IDEM_PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 $*" start \
+    >/dev/null || { cat "$dir/server.log" >&2; return 1; }
+}
+
+# PostgreSQL 15: TCP on 127.0.0.1 and a unix socket in the temporary directory. Exports
+# IDEM_TEST_POSTGRES_URL (database idem_test, user postgres, trust authentication on
+# loopback only), IDEM_TEST_POSTGRES_SOCKET_DIR, IDEM_TEST_POSTGRES_PORT and
+# IDEM_TEST_POSTGRES_DATA.
 idem_start_postgres() {
   local dir port
   dir=$(mktemp -d /tmp/idem-pg.XXXXXX)
   port=$(idem_free_port)
-  chown postgres:postgres "$dir"
-  chmod 700 "$dir"
   _idem_server_dirs+=("$dir")
-  runuser -u postgres -- "$IDEM_PG_BIN/initdb" -D "$dir/data" -U postgres -A trust \
-    --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
-  runuser -u postgres -- "$IDEM_PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300" start \
-    >/dev/null || { cat "$dir/server.log" >&2; return 1; }
+  idem_postgres_init "$dir" || return 1
+  idem_postgres_run "$dir" "$port" -c max_connections=300 || return 1
   _idem_server_stops+=("runuser -u postgres -- '$IDEM_PG_BIN/pg_ctl' -D '$dir/data' -m immediate -w stop")
   runuser -u postgres -- psql -h 127.0.0.1 -p "$port" -U postgres -qAt \
     -c "CREATE DATABASE idem_test" >/dev/null

@@ -1,7 +1,7 @@
-// A worker process for the multi-process tests of every store shared between processes
-// (multiprocess_checks.h). It opens the store from a URL and runs keys through
-// idem::Executor, reporting what it saw one line per event, so the test can check the
-// processes together.
+// A worker process for the multi-process tests of the shared stores (SQLite, PostgreSQL,
+// Redis), driven through support/worker_process.h. It opens the store from a URL and runs
+// keys through idem::Executor (or calls the store directly), reporting what it saw one line
+// per event, so the test can check the processes together.
 //
 //   race URL WORKER KEYS START_MS OUT_FILE
 //       Runs keys k0..k<KEYS-1> (starting at k<WORKER*7 % KEYS>, so workers overlap) after
@@ -14,6 +14,12 @@
 //   run URL KEY PAYLOAD LEASE_MS MAX_WAIT_MS
 //       Runs KEY once, waiting up to MAX_WAIT_MS for a busy key; prints
 //       "ran stolen=S attempt=N token=T", "replay PAYLOAD" or "error MESSAGE".
+//   acquire URL KEY LEASE_MS TTL_MS
+//       Prints "clock MS" (this process's wall clock, which a test may have shifted), then
+//       calls Store::acquire once and prints "acquired TOKEN ATTEMPT STOLEN REMAINING_MS",
+//       "busy REMAINING_MS" or "replay PAYLOAD".
+//   complete URL KEY TOKEN PAYLOAD TTL_MS
+//       Calls Store::complete once; prints "done" or "fenced".
 
 #include <chrono>
 #include <cstdio>
@@ -22,6 +28,7 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <variant>
 
 #include "idem/error.h"
 #include "idem/executor.h"
@@ -106,6 +113,35 @@ int run_once(const std::string& url, const std::string& key, const std::string& 
   return 0;
 }
 
+int acquire_once(const std::string& url, const std::string& key, int lease_ms, int ttl_ms) {
+  std::cout << "clock "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count()
+            << std::endl;
+  auto store = idem::open_store(url);
+  const idem::AcquireResult r = store->acquire(kScope, key, std::chrono::milliseconds(lease_ms),
+                                               std::chrono::milliseconds(ttl_ms));
+  if (const auto* a = std::get_if<idem::Acquired>(&r)) {
+    std::cout << "acquired " << a->lease.token << " " << a->lease.attempt << " "
+              << (a->stolen ? 1 : 0) << " " << a->lease.lease_remaining.count() << std::endl;
+  } else if (const auto* b = std::get_if<idem::Busy>(&r)) {
+    std::cout << "busy " << b->lease_remaining.count() << std::endl;
+  } else {
+    std::cout << "replay " << std::get<idem::Replay>(r).payload << std::endl;
+  }
+  return 0;
+}
+
+int complete_once(const std::string& url, const std::string& key, idem::Token token,
+                  const std::string& payload, int ttl_ms) {
+  auto store = idem::open_store(url);
+  const idem::WriteResult r =
+      store->complete(kScope, key, token, payload, std::chrono::milliseconds(ttl_ms));
+  std::cout << (r == idem::WriteResult::kDone ? "done" : "fenced") << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,6 +151,12 @@ int main(int argc, char** argv) {
       return race(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoll(argv[5]), argv[6]);
     }
     if (mode == "hold" && argc == 5) return hold(argv[2], argv[3], std::stoi(argv[4]));
+    if (mode == "acquire" && argc == 6) {
+      return acquire_once(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]));
+    }
+    if (mode == "complete" && argc == 7) {
+      return complete_once(argv[2], argv[3], std::stoull(argv[4]), argv[5], std::stoi(argv[6]));
+    }
     if (mode == "run" && argc == 7) {
       return run_once(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));
     }

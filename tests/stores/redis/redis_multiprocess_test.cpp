@@ -1,99 +1,94 @@
 // Several processes on the shared Redis server, through idem::Executor (the checks shared
-// with SQLite in support/multiprocess_checks.h), and callers whose clocks are days off
-// (faketime): expiry is judged by the server's clock alone.
+// with the other stores in support/worker_process.h): racing workers complete each key
+// once, a killed owner's lease is stolen, a paused owner is fenced, and callers whose clocks
+// are hours apart (faketime) agree, because only the server's clock judges them.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
-#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "idem/stores/redis_store.h"
 #include "stores/redis/redis_test_util.h"
-#include "support/multiprocess_checks.h"
+#include "support/worker_process.h"
 
 namespace idem::testing {
 namespace {
 
-using namespace std::chrono_literals;
-using ::testing::HasSubstr;
-using ::testing::AllOf;
 using ::testing::StartsWith;
 
-// Runs a worker with its clock moved by `offset` ("+2d", "-2d"). libfaketime is preloaded
-// ahead of AddressSanitizer's runtime, which ASan refuses unless told not to check.
-std::vector<std::string> skewed(const char* offset) {
-#if defined(__SANITIZE_ADDRESS__)
-  return {"env", "ASAN_OPTIONS=verify_asan_link_order=0", "faketime", "-f", offset};
-#else
-  return {"faketime", "-f", offset};
-#endif
-}
-
+// A fresh key prefix on the shared server, the URL that opens it, and a store of the test's
+// own on it for checking what the workers did.
 class RedisMultiProcess : public SharedRedisTest {
  protected:
   void SetUp() override {
     SharedRedisTest::SetUp();
     if (IsSkipped() || HasFailure()) return;
-    prefix_ = fresh_prefix("mp");
-    worker_url_ = with_param(url_, "prefix", prefix_);
-  }
-  std::shared_ptr<RedisStore> open() {
     RedisStoreOptions o = shared_options();
-    o.prefix = prefix_;
-    return std::make_shared<RedisStore>(o);
+    url_ = with_param(url_, "prefix", o.prefix);
+    store_ = std::make_shared<RedisStore>(o);
   }
-  std::string prefix_;
-  std::string worker_url_;
+  std::shared_ptr<RedisStore> store_;
 };
 
 TEST_F(RedisMultiProcess, WorkersRacingOverKeysCompleteEachKeyOnce) {
-  const std::string stem = ::testing::TempDir() + "/idem-redis-race-" + std::to_string(::getpid());
-  check_workers_race(worker_url_, stem, [&] { return open(); });
+  char dir_pattern[] = "/tmp/idem-redis-race-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_pattern), nullptr);
+  const std::string dir = dir_pattern;
+  const std::map<std::string, std::string> ran =
+      run_race(url_, /*workers=*/4, /*keys=*/40, dir + "/worker");
+  ::rmdir(dir.c_str());
+  for (const auto& [key, payload] : ran) {
+    std::optional<Record> rec = store_->get("mp", key);
+    ASSERT_TRUE(rec.has_value());
+    EXPECT_EQ(rec->state, RecordState::kComplete);
+    EXPECT_EQ(rec->payload, payload);
+  }
 }
 
 TEST_F(RedisMultiProcess, KilledOwnersLeaseIsStolenByAnotherProcess) {
-  auto store = open();
-  check_killed_owner_is_stolen(worker_url_, *store);
+  Worker owner({"hold", url_, "job", "400"});
+  const std::string acquired = owner.read_line();
+  ASSERT_THAT(acquired, StartsWith("acquired "));
+  const Token first = std::stoull(acquired.substr(9));
+  owner.signal(SIGKILL);
+  owner.wait();
+
+  // The owner died holding the lease; the next process waits for it to expire and steals.
+  Worker thief({"run", url_, "job", "new-owner", "5000", "30000"});
+  EXPECT_THAT(thief.read_line(), StartsWith("ran stolen=1 attempt=2 token="));
+  EXPECT_EQ(thief.wait(), 0);
+
+  std::optional<Record> rec = store_->get("mp", "job");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->state, RecordState::kComplete);
+  EXPECT_EQ(rec->payload, "new-owner");
+  EXPECT_GT(rec->token, first);
 }
 
 TEST_F(RedisMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
-  auto store = open();
-  // Redis holds no lock for a client, so the owner can be stopped at any instruction.
-  check_paused_owner_is_fenced(worker_url_, *store, [](Worker& owner) { owner.stop(); });
+  Worker owner({"hold", url_, "job", "400"});
+  const std::string acquired = owner.read_line();
+  ASSERT_THAT(acquired, StartsWith("acquired "));
+  const Token first = std::stoull(acquired.substr(9));
+
+  // Paused, its heartbeat stops too, so the lease runs out by the server's clock. (Redis
+  // holds nothing for a client between calls, so it can be stopped at any instruction.)
+  owner.stop();
+  wait_for_lease_expiry(*store_, "mp", "job");
+  steal_from_paused_owner(owner, url_, *store_, first);
 }
 
-TEST_F(RedisMultiProcess, CallersWithSkewedClocksAgreeWithTheServer) {
+TEST_F(RedisMultiProcess, CallersHoursApartAgreeOnExpiryBusyAndSteals) {
   if (!have_program("faketime")) {
     if (servers_required()) FAIL() << "faketime is not installed (scripts/deps.sh installs it)";
     GTEST_SKIP() << "faketime is not installed";
   }
-  auto store = open();
-  // The owner's clock is two days behind, a duplicate's two days ahead: more than the
-  // 24-hour TTL either way. By its own clock the duplicate would find the lease long gone
-  // and, later, the result expired; by the server's it finds neither.
-  Worker owner({"hold", worker_url_, "job", "3000"}, skewed("-2d"));
-  const std::string acquired = owner.read_line();
-  ASSERT_THAT(acquired, StartsWith("acquired "));
-
-  Worker busy({"run", worker_url_, "job", "thief", "3000", "0"}, skewed("+2d"));
-  EXPECT_THAT(busy.read_line(), AllOf(StartsWith("error "), HasSubstr("lease")));
-  EXPECT_EQ(busy.wait(), 0);
-
-  owner.write_line("go");
-  EXPECT_EQ(owner.read_line(), "completed");
-  EXPECT_EQ(owner.wait(), 0);
-
-  Worker late({"run", worker_url_, "job", "thief", "3000", "0"}, skewed("+2d"));
-  EXPECT_EQ(late.read_line(), "replay old-owner");
-  EXPECT_EQ(late.wait(), 0);
-
-  // The record's times are the server's, not the skewed callers'.
-  const Record rec = store->get(kWorkerScope, "job").value();
-  EXPECT_LE(rec.now - rec.completed_at, 1min);
-  EXPECT_GE(rec.expires_at - rec.now, 23h);
+  check_callers_hours_apart_agree(url_, *store_);
 }
 
 }  // namespace

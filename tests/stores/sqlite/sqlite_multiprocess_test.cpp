@@ -1,25 +1,30 @@
 // Several processes on one SQLite file, through idem::Executor: racing workers complete each
-// key once, a killed owner's lease is stolen, a paused owner is fenced (the shared checks of
-// support/multiprocess_checks.h), each followed by SQLite's integrity check.
+// key once, a killed owner's lease is stolen, a paused owner is fenced. The worker is
+// tests/support/store_worker.cpp, driven through support/worker_process.h.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "idem/stores/sqlite_store.h"
 #include "stores/sqlite/sqlite_test_util.h"
-#include "support/multiprocess_checks.h"
+#include "support/worker_process.h"
 
 namespace idem {
 namespace {
 
 using namespace std::chrono_literals;
 using testing::fresh_db_path;
+using ::testing::HasSubstr;
 using testing::RawDb;
+using ::testing::StartsWith;
+using testing::kWorkerTimeoutMs;
 using testing::Worker;
 
 std::string url_of(const std::string& path) { return "sqlite://" + path; }
@@ -52,25 +57,57 @@ void stop_outside_write(Worker& worker, const std::string& path) {
 
 TEST(SqliteMultiProcess, WorkersRacingOverKeysCompleteEachKeyOnce) {
   const std::string path = fresh_db_path("race");
-  // The workers also race to create the file and its schema.
-  testing::check_workers_race(url_of(path), path, [&] {
-    return std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path});
-  });
+  const std::map<std::string, std::string> ran =
+      testing::run_race(url_of(path), /*workers=*/4, /*keys=*/40, path + ".worker");
+  auto store = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path});
+  for (const auto& [key, payload] : ran) {
+    std::optional<Record> rec = store->get("mp", key);
+    ASSERT_TRUE(rec.has_value());
+    EXPECT_EQ(rec->state, RecordState::kComplete);
+    EXPECT_EQ(rec->payload, payload);
+  }
   expect_integrity_ok(path);
 }
 
 TEST(SqliteMultiProcess, KilledOwnersLeaseIsStolenByAnotherProcess) {
   const std::string path = fresh_db_path("killed");
   auto store = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path});
-  testing::check_killed_owner_is_stolen(url_of(path), *store);
+
+  Worker owner({"hold", url_of(path), "job", "300"});
+  const std::string acquired = owner.read_line();
+  ASSERT_THAT(acquired, StartsWith("acquired "));
+  const Token first = std::stoull(acquired.substr(9));
+  owner.signal(SIGKILL);
+  owner.wait();
+
+  // The owner died holding the lease; the next process waits for it to expire and steals.
+  Worker thief({"run", url_of(path), "job", "new-owner", "5000", "30000"});
+  const std::string line = thief.read_line();
+  EXPECT_THAT(line, StartsWith("ran stolen=1 attempt=2 token="));
+  EXPECT_EQ(thief.wait(), 0);
+
+  std::optional<Record> rec = store->get("mp", "job");
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->state, RecordState::kComplete);
+  EXPECT_EQ(rec->payload, "new-owner");
+  EXPECT_GT(rec->token, first);
   expect_integrity_ok(path);
 }
 
 TEST(SqliteMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
   const std::string path = fresh_db_path("paused");
   auto store = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path});
-  testing::check_paused_owner_is_fenced(url_of(path), *store,
-                                        [&](Worker& owner) { stop_outside_write(owner, path); });
+
+  Worker owner({"hold", url_of(path), "job", "300"});
+  const std::string acquired = owner.read_line();
+  ASSERT_THAT(acquired, StartsWith("acquired "));
+  const Token first = std::stoull(acquired.substr(9));
+
+  // Paused, its heartbeat stops too, so the lease runs out.
+  stop_outside_write(owner, path);
+  testing::wait_for_lease_expiry(*store, "mp", "job");
+
+  testing::steal_from_paused_owner(owner, url_of(path), *store, first);
   expect_integrity_ok(path);
 }
 

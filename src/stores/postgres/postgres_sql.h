@@ -1,0 +1,110 @@
+#pragma once
+
+// The PostgreSQL store's schema and statements, built once per table. Private to the store;
+// the benchmark's raw libpq side prepares the same SELECT and reads the same table, so the
+// two cannot drift apart.
+//
+// Time (SPEC §6): every statement reads the server's clock once, as
+// date_trunc('milliseconds', statement_timestamp()): the moment the statement arrived, in
+// whole milliseconds (SPEC durations have millisecond resolution), the same value wherever
+// it appears in one statement. Stored times are whole milliseconds too, so a time read back
+// compares with `now` exactly as the server compared it.
+
+#include <string>
+
+namespace idem::postgres {
+
+// The version written in the table's comment: "idem records, schema version N".
+inline constexpr int kSchemaVersion = 1;
+inline constexpr const char* kSchemaCommentPrefix = "idem records, schema version ";
+
+// A validated table name and the objects named after it.
+struct TableNames {
+  std::string schema;  // lowercase letters, digits, '_'
+  std::string name;    // likewise
+
+  // "schema"."name"
+  std::string table() const { return quote(schema) + "." + quote(name); }
+  // "schema"."name_token_seq": the token sequence (SPEC §2).
+  std::string sequence() const { return quote(schema) + "." + quote(name + "_token_seq"); }
+  // "name_purge_idx" (an index lives in its table's schema).
+  std::string purge_index() const { return quote(name + "_purge_idx"); }
+  // schema.name, or name while the schema is not known yet, for messages.
+  std::string display() const { return schema.empty() ? name : schema + "." + name; }
+
+  static std::string quote(const std::string& identifier) { return "\"" + identifier + "\""; }
+};
+
+// Columns of Sql::select_record, and of Sql::acquire before its last column.
+enum Col {
+  kColState,           // smallint: 0 IN_PROGRESS, 1 COMPLETE
+  kColToken,           // bigint
+  kColAttempt,         // integer
+  kColAcquiredAt,      // timestamptz, IN_PROGRESS only
+  kColLeaseExpiresAt,  // timestamptz, IN_PROGRESS only
+  kColCompletedAt,     // timestamptz, COMPLETE only
+  kColExpiresAt,       // timestamptz
+  kColFingerprint,     // bytea or NULL
+  kColPayload,         // bytea, COMPLETE only
+  kColNow,             // timestamptz: the statement's reading of the server's clock
+  kColOutcome,         // acquire only: 0 the caller took the lease, 1 a live record was found
+};
+
+// The 1-based position of the request a row answers, in the *_many statements: the column
+// after kColNow (select_many) or after kColOutcome (acquire_many).
+inline constexpr int kColSelectPosition = kColOutcome;
+inline constexpr int kColAcquirePosition = kColOutcome + 1;
+
+inline constexpr int kStateInProgress = 0;
+inline constexpr int kStateComplete = 1;
+inline constexpr int kOutcomeWon = 0;
+inline constexpr int kOutcomeLive = 1;
+
+// The statements, with the table's names filled in. Parameters are binary: scope and key
+// bytea, tokens and durations (milliseconds) int8.
+struct Sql {
+  explicit Sql(const TableNames& names);
+
+  // $1 scope, $2 key. The whole record and the server's now. Read-only.
+  std::string select_record;
+  // $1 scope, $2 key, $3 lease ms, $4 ttl ms, $5 fingerprint (NULL: none), $6 the key's
+  // advisory lock id. One statement: takes the lease when the record is absent, expired or
+  // stealable (outcome 0, the new record), or returns the live record untouched (outcome 1).
+  // No row: another caller wrote a live record meanwhile; run it again.
+  std::string acquire;
+  // $1 scope, $2 key, $3 token, $4 payload, $5 ttl ms. Affects one row when done.
+  std::string complete;
+  // $1 scope, $2 key, $3 token: a row when the record is COMPLETE by that token.
+  std::string completed_by;
+  // $1 scope, $2 key, $3 token. A row when done. Commits with synchronous_commit = off.
+  std::string release;
+  // $1 scope, $2 key, $3 token, $4 lease ms. Returns the new deadline and now when done.
+  // Commits with synchronous_commit = off.
+  std::string extend;
+  // $1 scopes, $2 keys, $3 tokens, $4 lease ms (arrays). Returns, per extended lease, its
+  // 1-based position in the arrays, the new deadline and now. Commits with
+  // synchronous_commit = off.
+  std::string extend_many;
+  // Batches of concurrent callers (pg_batcher.h), arrays in the order of the requests:
+  //  select_many   $1 scopes, $2 keys: the select_record columns and the request's position
+  //                for each record found.
+  //  acquire_many  $1 scopes, $2 keys, $3 leases, $4 ttls, $5 fingerprints (NULL elements:
+  //                none), $6 advisory lock ids: acquire's columns and the position, one row
+  //                per request that took its lease or found a live record. The keys' locks
+  //                are taken in ascending order, every one before its key's token is drawn.
+  //  complete_many $1 scopes, $2 keys, $3 tokens, $4 payloads, $5 ttls: the position of
+  //                each request that completed its record.
+  std::string select_many;
+  std::string acquire_many;
+  std::string complete_many;
+  // $1 limit. One row per record deleted. Commits with synchronous_commit = off.
+  std::string purge;
+  // $1 scope, $2 key. Affects one row when a record was deleted.
+  std::string forget;
+
+  // Creates the sequence (kept if it exists, so tokens never restart), the table, the
+  // purge index and the version comment. Run inside the migration's transaction.
+  std::string create_schema;
+};
+
+}  // namespace idem::postgres

@@ -1,0 +1,857 @@
+#include "idem/stores/postgres_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "core/record_id.h"
+#include "idem/error.h"
+#include "idem/open_store.h"
+#include "stores/postgres/pg_batcher.h"
+#include "stores/postgres/pg_connection.h"
+#include "stores/postgres/pg_pool.h"
+#include "stores/postgres/postgres_sql.h"
+
+namespace idem {
+namespace {
+
+using postgres::Col;
+using postgres::Connection;
+using postgres::Deadline;
+using postgres::Params;
+using postgres::PgError;
+using postgres::Pool;
+using postgres::Result;
+using postgres::SteadyClock;
+using postgres::TableNames;
+
+// Names of the prepared statements (one set per connection).
+constexpr const char* kSelectRecord = "idem_select_record";
+constexpr const char* kAcquire = "idem_acquire";
+constexpr const char* kComplete = "idem_complete";
+constexpr const char* kCompletedBy = "idem_completed_by";
+constexpr const char* kRelease = "idem_release";
+constexpr const char* kExtend = "idem_extend";
+constexpr const char* kExtendMany = "idem_extend_many";
+constexpr const char* kPurge = "idem_purge";
+constexpr const char* kForget = "idem_forget";
+constexpr const char* kSelectMany = "idem_select_many";
+constexpr const char* kAcquireMany = "idem_acquire_many";
+constexpr const char* kCompleteMany = "idem_complete_many";
+
+// Requests per batched statement, and the largest payload a batched complete carries (a
+// larger one runs alone, so a batch's arrays stay small).
+constexpr std::size_t kMaxBatch = 64;
+constexpr std::size_t kMaxBatchedPayload = 64 * 1024;
+// Batches of one kind running at once. On the 2-core machine of docs/stores/postgres.md, 1
+// made the largest batches (best with synchronous_commit = off) and 4 overlapped the most
+// commits (best with it on); 2 is between.
+constexpr std::size_t kMaxBatchesInFlight = 2;
+
+// Records deleted per purge statement: each batch is one short transaction.
+constexpr std::size_t kPurgeBatch = 1000;
+// An empty acquire result means another caller wrote a live record in between; each retry
+// follows progress by somebody else, so a long run of them means something is wrong.
+constexpr int kMaxAcquireRounds = 64;
+// A deadlock or serialization failure was rolled back and is retried this many times.
+constexpr int kMaxConflictRetries = 3;
+// The adaptive acquire's score: +3 for a key found absent (reading first wasted a round
+// trip), -1 for one found live (writing first cost a heavier statement), kept in bounds so
+// the store follows a change of workload within a few dozen calls.
+constexpr int kScoreAbsent = 3;
+constexpr int kScoreLive = 1;
+constexpr int kScoreBound = 48;
+
+constexpr std::size_t kMaxNameLength = 48;
+
+// FNV-1a, 64 bits: stable across processes, machines and builds, which std::hash is not.
+// Advisory lock ids only need to spread keys; two keys sharing an id merely take turns.
+class Fnv1a {
+ public:
+  Fnv1a& add(std::string_view bytes) {
+    for (char c : bytes) {
+      h_ ^= static_cast<unsigned char>(c);
+      h_ *= 0x100000001b3ULL;
+    }
+    return *this;
+  }
+  Fnv1a& add_length(std::size_t n) {
+    const char bytes[4] = {static_cast<char>(n >> 24), static_cast<char>(n >> 16),
+                           static_cast<char>(n >> 8), static_cast<char>(n)};
+    return add(std::string_view(bytes, 4));
+  }
+  std::int64_t value() const { return static_cast<std::int64_t>(h_); }
+
+ private:
+  std::uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+bool valid_identifier(std::string_view s) {
+  if (s.empty() || s.size() > kMaxNameLength) return false;
+  if (s.front() >= '0' && s.front() <= '9') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// "name" or "schema.name"; the schema is empty when not given.
+TableNames parse_table(const std::string& table) {
+  TableNames n;
+  const std::size_t dot = table.find('.');
+  n.name = dot == std::string::npos ? table : table.substr(dot + 1);
+  if (dot != std::string::npos) n.schema = table.substr(0, dot);
+  const bool ok =
+      valid_identifier(n.name) && (dot == std::string::npos || valid_identifier(n.schema));
+  if (!ok) {
+    throw InvalidArgument("table", "must be 'name' or 'schema.name', each 1 to " +
+                                       std::to_string(kMaxNameLength) +
+                                       " lowercase letters, digits or '_' (not starting with a "
+                                       "digit), got '" +
+                                       table + "'");
+  }
+  return n;
+}
+
+// One record as a statement returned it (select_record's columns, and acquire's outcome).
+struct Row {
+  int state = 0;
+  Token token = 0;
+  std::uint32_t attempt = 0;
+  Timestamp acquired_at{};
+  Timestamp lease_expires_at{};
+  Timestamp completed_at{};
+  Timestamp expires_at{};
+  std::optional<std::string> fingerprint;
+  std::string payload;
+  Timestamp now{};
+  int outcome = -1;  // acquire only
+};
+
+Row row_of(const Result& r, int row, bool with_outcome) {
+  Row out;
+  out.state = r.int2(row, postgres::kColState);
+  out.token = static_cast<Token>(r.int8(row, postgres::kColToken));
+  out.attempt = static_cast<std::uint32_t>(r.int4(row, postgres::kColAttempt));
+  out.expires_at = r.time(row, postgres::kColExpiresAt);
+  if (out.state == postgres::kStateComplete) {
+    out.completed_at = r.time(row, postgres::kColCompletedAt);
+    out.payload = std::string(r.bytes(row, postgres::kColPayload));
+  } else {
+    out.acquired_at = r.time(row, postgres::kColAcquiredAt);
+    out.lease_expires_at = r.time(row, postgres::kColLeaseExpiresAt);
+  }
+  if (!r.is_null(row, postgres::kColFingerprint)) {
+    out.fingerprint = std::string(r.bytes(row, postgres::kColFingerprint));
+  }
+  out.now = r.time(row, postgres::kColNow);
+  if (with_outcome) out.outcome = r.int2(row, postgres::kColOutcome);
+  return out;
+}
+
+// SPEC §4: a live record (COMPLETE and not expired, or IN_PROGRESS with a live lease)
+// answers acquire without a write. nullopt when the record is not live.
+std::optional<AcquireResult> live_answer(Row& r) {
+  if (r.state == postgres::kStateComplete) {
+    if (r.expires_at <= r.now) return std::nullopt;
+    return Replay{std::move(r.payload), r.completed_at, r.expires_at, std::move(r.fingerprint)};
+  }
+  if (r.lease_expires_at <= r.now) return std::nullopt;
+  return Busy{r.lease_expires_at, r.lease_expires_at - r.now, std::move(r.fingerprint)};
+}
+
+// The record a request is about, as one string: two requests for one record never share a
+// batch.
+std::string record_id(std::string_view scope, std::string_view key) {
+  std::string id;
+  detail::encode_record_id(id, scope, key);
+  return id;
+}
+
+struct ReadRequest {
+  std::string_view scope;
+  std::string_view key;
+  std::string id;
+};
+
+struct AcquireRequest {
+  std::string_view scope;
+  std::string_view key;
+  Duration lease;
+  Duration ttl;
+  std::optional<std::string_view> fingerprint;
+  std::int64_t lock;
+  std::string id;
+};
+
+struct CompleteRequest {
+  std::string_view scope;
+  std::string_view key;
+  Token token;
+  std::string_view payload;
+  Duration ttl;
+  std::string id;
+};
+
+// nullopt: no record (reads), or a lost race to run again (acquires).
+using ReadBatcher = postgres::Batcher<ReadRequest, std::optional<Row>>;
+using AcquireBatcher = postgres::Batcher<AcquireRequest, std::optional<Row>>;
+using CompleteBatcher = postgres::Batcher<CompleteRequest, bool>;
+
+template <typename R>
+std::string_view id_of(const R& r) {
+  return r.id;
+}
+
+// The libpq parameters parsed from a connection string; only those given.
+std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::string& conninfo) {
+  char* error = nullptr;
+  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &error);
+  if (parsed == nullptr) {
+    std::string why = error ? error : "out of memory";
+    PQfreemem(error);
+    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    throw InvalidArgument("PostgreSQL connection string", why);
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (PQconninfoOption* o = parsed; o->keyword != nullptr; ++o) {
+    if (o->val != nullptr) out.emplace_back(o->keyword, o->val);
+  }
+  PQconninfoFree(parsed);
+  return out;
+}
+
+std::string param_value(const std::vector<std::pair<std::string, std::string>>& params,
+                        std::string_view name) {
+  for (const auto& [k, v] : params) {
+    if (k == name) return v;
+  }
+  return {};
+}
+
+void set_param(std::vector<std::pair<std::string, std::string>>& params, const std::string& name,
+               const std::string& value) {
+  for (auto& [k, v] : params) {
+    if (k == name) {
+      v = value;
+      return;
+    }
+  }
+  params.emplace_back(name, value);
+}
+
+// "postgresql://user@host:port/db?table=...", never with a password.
+std::string describe_of(const std::vector<std::pair<std::string, std::string>>& params,
+                        const TableNames& names, bool default_table) {
+  const std::string user = param_value(params, "user");
+  std::string host = param_value(params, "host");
+  if (host.empty()) host = param_value(params, "hostaddr");
+  const std::string port = param_value(params, "port");
+  std::string out = "postgresql://";
+  if (!user.empty()) out += user + "@";
+  std::vector<std::string> query;
+  if (!host.empty() && host.front() == '/') {
+    query.push_back("host=" + host);
+  } else {
+    out += host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  }
+  if (!port.empty()) out += ":" + port;
+  out += "/" + param_value(params, "dbname");
+  if (!default_table) query.push_back("table=" + names.display());
+  for (std::size_t i = 0; i < query.size(); ++i) out += (i == 0 ? "?" : "&") + query[i];
+  return out;
+}
+
+}  // namespace
+
+struct PostgresStore::Impl {
+  PostgresStoreOptions options;
+  std::vector<std::pair<std::string, std::string>> conn_params;
+  std::string describe;
+  TableNames names;
+  std::unique_ptr<postgres::Sql> sql;
+  Fnv1a table_hash;  // the start of every advisory lock id of this table
+  std::unique_ptr<Pool> pool;
+  std::atomic<int> absent_score{0};
+  ReadBatcher reads{kMaxBatch, kMaxBatchesInFlight, &id_of<ReadRequest>};
+  AcquireBatcher acquires{kMaxBatch, kMaxBatchesInFlight, &id_of<AcquireRequest>};
+  CompleteBatcher completes{kMaxBatch, kMaxBatchesInFlight, &id_of<CompleteRequest>};
+
+  explicit Impl(PostgresStoreOptions o) : options(std::move(o)) {
+    if (options.pool_size == 0) throw InvalidArgument("pool_size", "must be at least 1");
+    if (options.timeout <= Duration::zero()) {
+      throw InvalidArgument("timeout", "must be positive, got " +
+                                           std::to_string(options.timeout.count()) + " ms");
+    }
+    const bool default_table = options.table == PostgresStoreOptions{}.table;
+    names = parse_table(options.table);
+    conn_params = parse_conninfo(options.conninfo);
+    describe = describe_of(conn_params, names, default_table);
+    if (param_value(conn_params, "fallback_application_name").empty()) {
+      set_param(conn_params, "fallback_application_name", "idem");
+    }
+    // Session settings travel in the startup packet: no round trip. statement_timeout bounds
+    // each statement on the server too; enable_seqscan=off keeps every statement on its
+    // index even when a plan was made while the table was nearly empty (a prepared plan is
+    // kept while the table grows).
+    std::string session = param_value(conn_params, "options");
+    session += " -c statement_timeout=" + std::to_string(options.timeout.count()) +
+               " -c enable_seqscan=off";
+    if (options.asynchronous_commit) session += " -c synchronous_commit=off";
+    if (options.read_only) session += " -c default_transaction_read_only=on";
+    set_param(conn_params, "options", session);
+
+    const Deadline deadline = SteadyClock::now() + options.timeout;
+    auto first = std::make_unique<Connection>(conn_params, describe, options.timeout, deadline);
+    prepare_table(*first, deadline);
+    sql = std::make_unique<postgres::Sql>(names);
+    table_hash.add(names.display()).add(std::string_view("\0", 1));
+    prepare_statements(*first, deadline);
+    pool = std::make_unique<Pool>(
+        options.pool_size,
+        [this](Deadline d) {
+          auto c = std::make_unique<Connection>(conn_params, describe, options.timeout, d);
+          prepare_statements(*c, d);
+          return c;
+        },
+        describe, options.timeout);
+    pool->adopt(std::move(first));
+  }
+
+  // Resolves the schema, then checks the table (creating or migrating it when allowed).
+  void prepare_table(Connection& c, Deadline deadline) {
+    if (names.schema.empty()) {
+      Result r = c.exec("SELECT current_schema()", deadline);
+      if (r.rows() == 0 || r.is_null(0, 0)) {
+        c.fail({"no current schema (the search_path names none that exists); give the "
+                "table as schema.name",
+                "", false});
+      }
+      names.schema = r.text(0, 0);
+      if (!valid_identifier(names.schema)) {
+        c.fail({"the current schema '" + names.schema +
+                    "' is not a plain lowercase name; give the table as schema.name",
+                "", false});
+      }
+    }
+    const int version = table_version(c, deadline);
+    if (version == postgres::kSchemaVersion) return;
+    if (version == 0) {
+      if (options.read_only || !options.create_if_missing) {
+        c.fail({"table " + names.display() + " does not exist" +
+                    (options.read_only ? " (opened read-only, so it is not created)"
+                                       : " (and creating it was not allowed)"),
+                "", false});
+      }
+      migrate(c, deadline);
+      return;
+    }
+  }
+
+  // 0 when the table is missing, else its schema version; refuses a table that is not ours
+  // or is newer than this build, without touching it.
+  int table_version(Connection& c, Deadline deadline) {
+    const std::string regclass = "'" + names.table() + "'";
+    Result r = c.exec("SELECT c.relkind, obj_description(c.oid, 'pg_class') FROM pg_class c "
+                      "WHERE c.oid = to_regclass(" + regclass + ")",
+                      deadline);
+    if (r.rows() == 0) return 0;
+    const std::string comment = r.is_null(0, 1) ? std::string() : r.text(0, 1);
+    const std::string prefix = postgres::kSchemaCommentPrefix;
+    int version = 0;
+    if (r.text(0, 0) == "r" && comment.rfind(prefix, 0) == 0) {
+      const char* first = comment.data() + prefix.size();
+      const char* last = comment.data() + comment.size();
+      auto [end, ec] = std::from_chars(first, last, version);
+      if (ec != std::errc{} || end != last || version <= 0) version = 0;
+    }
+    if (version == 0) {
+      c.fail({"table " + names.display() +
+                  " exists but is not an idem table (its comment is not '" + prefix +
+                  "N'); refusing to use it",
+              "", false});
+    }
+    if (version > postgres::kSchemaVersion) {
+      c.fail({"table " + names.display() + " was made by a newer version of idem (schema version " +
+                  std::to_string(version) + "; this build knows version " +
+                  std::to_string(postgres::kSchemaVersion) + "); refusing to use it",
+              "", false});
+    }
+    return version;
+  }
+
+  // Creates the schema (or, in later versions, moves it forward one version at a time)
+  // inside one transaction under an advisory lock on the table's name, so processes that
+  // start together wait for the first and then find the table made.
+  void migrate(Connection& c, Deadline deadline) {
+    const std::int64_t lock =
+        Fnv1a().add("idem schema").add(std::string_view("\0", 1)).add(names.display()).value();
+    // On any failure the caller drops this connection, which ends the transaction.
+    c.exec("BEGIN; SELECT pg_advisory_xact_lock(" + std::to_string(lock) + ")", deadline);
+    const int version = table_version(c, deadline);
+    if (version == 0) c.exec(postgres::Sql(names).create_schema, deadline);
+    c.exec("COMMIT", deadline);
+  }
+
+  void prepare_statements(Connection& c, Deadline deadline) {
+    using postgres::kByteaArrayOid;
+    using postgres::kByteaOid;
+    using postgres::kInt8ArrayOid;
+    using postgres::kInt8Oid;
+    c.prepare(kSelectRecord, sql->select_record, {kByteaOid, kByteaOid}, deadline);
+    c.prepare(kAcquire, sql->acquire,
+              {kByteaOid, kByteaOid, kInt8Oid, kInt8Oid, kByteaOid, kInt8Oid}, deadline);
+    c.prepare(kComplete, sql->complete, {kByteaOid, kByteaOid, kInt8Oid, kByteaOid, kInt8Oid},
+              deadline);
+    c.prepare(kCompletedBy, sql->completed_by, {kByteaOid, kByteaOid, kInt8Oid}, deadline);
+    c.prepare(kRelease, sql->release, {kByteaOid, kByteaOid, kInt8Oid}, deadline);
+    c.prepare(kExtend, sql->extend, {kByteaOid, kByteaOid, kInt8Oid, kInt8Oid}, deadline);
+    c.prepare(kExtendMany, sql->extend_many,
+              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kInt8ArrayOid}, deadline);
+    c.prepare(kPurge, sql->purge, {kInt8Oid}, deadline);
+    c.prepare(kForget, sql->forget, {kByteaOid, kByteaOid}, deadline);
+    c.prepare(kSelectMany, sql->select_many, {kByteaArrayOid, kByteaArrayOid}, deadline);
+    c.prepare(kAcquireMany, sql->acquire_many,
+              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kInt8ArrayOid, kByteaArrayOid,
+               kInt8ArrayOid},
+              deadline);
+    c.prepare(kCompleteMany, sql->complete_many,
+              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kByteaArrayOid, kInt8ArrayOid},
+              deadline);
+  }
+
+  // Runs `body(connection, deadline)` on a pooled connection within `deadline` (by default
+  // the call's timeout from now), repeating it when the server rolled it back for a
+  // deadlock or serialization failure.
+  template <typename F>
+  auto with_connection(F&& body) {
+    return with_connection(SteadyClock::now() + options.timeout, std::forward<F>(body));
+  }
+  template <typename F>
+  auto with_connection(Deadline deadline, F&& body) {
+    for (int attempt = 0;; ++attempt) {
+      Pool::Lease c = pool->borrow(deadline);
+      try {
+        return body(*c, deadline);
+      } catch (const PgError& e) {
+        if (!e.rolled_back_conflict() || attempt >= kMaxConflictRetries) throw;
+      }
+    }
+  }
+
+  // --- the batches' runners (pg_batcher.h): a batch of one runs the single statement ---
+
+  // Hands each row of `r` to the entry it answers: the one at the row's 1-based position
+  // (column `position`), or the only entry when `position` < 0.
+  template <typename Entry>
+  static void answer(const Result& r, int position, const std::vector<Entry*>& batch,
+                     bool with_outcome) {
+    for (int row = 0; row < r.rows(); ++row) {
+      const std::size_t at =
+          position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
+      if (at < batch.size()) batch[at]->response = row_of(r, row, with_outcome);
+    }
+  }
+
+  void run_reads(const std::vector<ReadBatcher::Entry*>& batch, Deadline deadline) {
+    with_connection(deadline, [&](Connection& c, Deadline d) {
+      for (auto* e : batch) e->response = std::optional<Row>{};
+      Result r;
+      int position = -1;
+      if (batch.size() == 1) {
+        const ReadRequest& q = *batch[0]->request;
+        r = c.run(kSelectRecord, Params().bytes(q.scope).bytes(q.key), d);
+      } else {
+        std::vector<std::string_view> scopes, keys;
+        for (auto* e : batch) {
+          scopes.push_back(e->request->scope);
+          keys.push_back(e->request->key);
+        }
+        r = c.run(kSelectMany, Params().bytea_array(scopes).bytea_array(keys), d);
+        position = postgres::kColSelectPosition;
+      }
+      answer(r, position, batch, /*with_outcome=*/false);
+    });
+  }
+
+  void run_acquires(const std::vector<AcquireBatcher::Entry*>& batch, Deadline deadline) {
+    with_connection(deadline, [&](Connection& c, Deadline d) {
+      for (auto* e : batch) e->response = std::optional<Row>{};
+      Result r;
+      int position = -1;
+      if (batch.size() == 1) {
+        const AcquireRequest& q = *batch[0]->request;
+        Params p;
+        p.bytes(q.scope).bytes(q.key).int8(q.lease.count()).int8(q.ttl.count());
+        if (q.fingerprint) {
+          p.bytes(*q.fingerprint);
+        } else {
+          p.null();
+        }
+        r = c.run(kAcquire, p.int8(q.lock), d);
+      } else {
+        std::vector<std::string_view> scopes, keys;
+        std::vector<std::optional<std::string_view>> fingerprints;
+        std::vector<std::int64_t> leases, ttls, locks;
+        for (auto* e : batch) {
+          const AcquireRequest& q = *e->request;
+          scopes.push_back(q.scope);
+          keys.push_back(q.key);
+          leases.push_back(q.lease.count());
+          ttls.push_back(q.ttl.count());
+          fingerprints.push_back(q.fingerprint);
+          locks.push_back(q.lock);
+        }
+        r = c.run(kAcquireMany,
+                  Params()
+                      .bytea_array(scopes)
+                      .bytea_array(keys)
+                      .int8_array(leases)
+                      .int8_array(ttls)
+                      .bytea_array(fingerprints)
+                      .int8_array(locks),
+                  d);
+        position = postgres::kColAcquirePosition;
+      }
+      answer(r, position, batch, /*with_outcome=*/true);
+    });
+  }
+
+  void run_completes(const std::vector<CompleteBatcher::Entry*>& batch, Deadline deadline) {
+    with_connection(deadline, [&](Connection& c, Deadline d) {
+      for (auto* e : batch) e->response = false;
+      if (batch.size() == 1) {
+        const CompleteRequest& q = *batch[0]->request;
+        batch[0]->response = complete_one(c, q, d);
+        return;
+      }
+      std::vector<std::string_view> scopes, keys, payloads;
+      std::vector<std::int64_t> tokens, ttls;
+      for (auto* e : batch) {
+        const CompleteRequest& q = *e->request;
+        scopes.push_back(q.scope);
+        keys.push_back(q.key);
+        tokens.push_back(static_cast<std::int64_t>(q.token));
+        payloads.push_back(q.payload);
+        ttls.push_back(q.ttl.count());
+      }
+      Result r = c.run(kCompleteMany,
+                       Params()
+                           .bytea_array(scopes)
+                           .bytea_array(keys)
+                           .int8_array(tokens)
+                           .bytea_array(payloads)
+                           .int8_array(ttls),
+                       d);
+      for (int row = 0; row < r.rows(); ++row) {
+        const auto at = static_cast<std::size_t>(r.int8(row, 0) - 1);
+        if (at < batch.size()) batch[at]->response = true;
+      }
+    });
+  }
+
+  bool complete_one(Connection& c, const CompleteRequest& q, Deadline d) {
+    Result r = c.run(kComplete,
+                     Params()
+                         .bytes(q.scope)
+                         .bytes(q.key)
+                         .int8(static_cast<std::int64_t>(q.token))
+                         .bytes(q.payload)
+                         .int8(q.ttl.count()),
+                     d);
+    return r.affected() > 0;
+  }
+
+  // One record by (scope, key), read alone or in a batch with other callers' reads.
+  std::optional<Row> read(std::string_view scope, std::string_view key, Deadline deadline) {
+    const ReadRequest q{scope, key, record_id(scope, key)};
+    return reads.submit(q, deadline, describe, options.timeout,
+                        [&](const auto& batch) { run_reads(batch, deadline); });
+  }
+
+  std::int64_t lock_id(std::string_view scope, std::string_view key) const {
+    return Fnv1a(table_hash).add_length(scope.size()).add(scope).add(key).value();
+  }
+
+  bool read_first() const {
+    switch (options.acquire) {
+      case PostgresAcquire::kReadFirst:
+        return true;
+      case PostgresAcquire::kWriteFirst:
+        return false;
+      case PostgresAcquire::kAdaptive:
+        break;
+    }
+    return absent_score.load(std::memory_order_relaxed) <= 0;
+  }
+
+  // Races between callers may lose an update; the score is only a hint.
+  void note(bool found_live) {
+    const int s = absent_score.load(std::memory_order_relaxed);
+    absent_score.store(found_live ? std::max(s - kScoreLive, -kScoreBound)
+                                  : std::min(s + kScoreAbsent, kScoreBound),
+                       std::memory_order_relaxed);
+  }
+};
+
+PostgresStore::PostgresStore(PostgresStoreOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+PostgresStore::~PostgresStore() = default;
+
+std::string PostgresStore::describe() const { return impl_->describe; }
+
+AcquireResult PostgresStore::do_acquire(std::string_view scope, std::string_view key,
+                                        Duration lease, Duration ttl,
+                                        std::optional<std::string_view> fingerprint) {
+  Impl& s = *impl_;
+  const Deadline deadline = SteadyClock::now() + s.options.timeout;
+  if (s.read_first()) {
+    // A replay or a busy key costs one read-only SELECT.
+    if (std::optional<Row> found = s.read(scope, key, deadline)) {
+      if (std::optional<AcquireResult> answer = live_answer(*found)) {
+        s.note(true);
+        return std::move(*answer);
+      }
+    }
+  }
+  const AcquireRequest q{scope, key, lease, ttl, fingerprint, s.lock_id(scope, key),
+                         record_id(scope, key)};
+  for (int round = 0; round < kMaxAcquireRounds; ++round) {
+    std::optional<Row> r = s.acquires.submit(
+        q, deadline, s.describe, s.options.timeout,
+        [&](const auto& batch) { s.run_acquires(batch, deadline); });
+    if (!r) continue;  // another caller made the record live meanwhile: run it again
+    if (r->outcome == postgres::kOutcomeLive) {
+      s.note(true);
+      if (std::optional<AcquireResult> answer = live_answer(*r)) return std::move(*answer);
+      continue;  // cannot happen: the statement returns only live records
+    }
+    s.note(false);
+    return Acquired{Lease{r->token, r->acquired_at, r->lease_expires_at, r->expires_at,
+                          r->lease_expires_at - r->now, r->attempt},
+                    /*stolen=*/r->attempt > 1};
+  }
+  throw StoreUnavailable(s.describe, "acquire found the record changed by other callers " +
+                                         std::to_string(kMaxAcquireRounds) + " times in a row");
+}
+
+WriteResult PostgresStore::do_complete(std::string_view scope, std::string_view key, Token token,
+                                       std::string_view payload, Duration ttl) {
+  Impl& s = *impl_;
+  const Deadline deadline = SteadyClock::now() + s.options.timeout;
+  const CompleteRequest q{scope, key, token, payload, ttl, record_id(scope, key)};
+  const bool done =
+      payload.size() > kMaxBatchedPayload
+          ? s.with_connection(deadline, [&](Connection& c, Deadline d) {
+              return s.complete_one(c, q, d);
+            })
+          : s.completes.submit(q, deadline, s.describe, s.options.timeout,
+                               [&](const auto& batch) { s.run_completes(batch, deadline); });
+  if (done) return WriteResult::kDone;
+  // SPEC §4: a complete repeated with the token that completed the record succeeds and
+  // changes nothing (a caller whose reply was lost retries).
+  return s.with_connection(deadline, [&](Connection& c, Deadline d) {
+    Result r = c.run(kCompletedBy,
+                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)), d);
+    return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
+  });
+}
+
+WriteResult PostgresStore::do_release(std::string_view scope, std::string_view key, Token token) {
+  return impl_->with_connection([&](Connection& c, Deadline deadline) {
+    Result r = c.run(kRelease,
+                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)),
+                     deadline);
+    return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
+  });
+}
+
+ExtendResult PostgresStore::do_extend(std::string_view scope, std::string_view key, Token token,
+                                      Duration lease) {
+  return impl_->with_connection([&](Connection& c, Deadline deadline) {
+    Result r = c.run(kExtend,
+                     Params()
+                         .bytes(scope)
+                         .bytes(key)
+                         .int8(static_cast<std::int64_t>(token))
+                         .int8(lease.count()),
+                     deadline);
+    if (r.rows() == 0) return ExtendResult{};
+    const Timestamp deadline_at = r.time(0, 0);
+    return ExtendResult{WriteResult::kDone, deadline_at, deadline_at - r.time(0, 1)};
+  });
+}
+
+std::vector<ExtendResult> PostgresStore::do_extend_many(std::span<const ExtendRequest> requests) {
+  // One UPDATE changes a row once; a batch naming a record twice is done one by one, which
+  // keeps the as-if-in-order meaning (the heartbeat never sends one).
+  std::unordered_set<std::string> seen;
+  for (const ExtendRequest& r : requests) {
+    if (!seen.insert(record_id(r.scope, r.key)).second) return Store::do_extend_many(requests);
+  }
+  // Sorted by (scope, key): batches that overlap lock their rows in the same order.
+  std::vector<std::size_t> order(requests.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const int s = requests[a].scope.compare(requests[b].scope);
+    return s != 0 ? s < 0 : requests[a].key.compare(requests[b].key) < 0;
+  });
+  std::vector<std::string_view> scopes;
+  std::vector<std::string_view> keys;
+  std::vector<std::int64_t> tokens;
+  std::vector<std::int64_t> leases;
+  for (std::size_t i : order) {
+    scopes.push_back(requests[i].scope);
+    keys.push_back(requests[i].key);
+    tokens.push_back(static_cast<std::int64_t>(requests[i].token));
+    leases.push_back(requests[i].lease.count());
+  }
+  Params p;
+  p.bytea_array(scopes).bytea_array(keys).int8_array(tokens).int8_array(leases);
+  return impl_->with_connection([&](Connection& c, Deadline deadline) {
+    Result r = c.run(kExtendMany, p, deadline);
+    std::vector<ExtendResult> results(requests.size());
+    for (int row = 0; row < r.rows(); ++row) {
+      const std::int64_t position = r.int8(row, 0);  // 1-based, in the sorted arrays
+      if (position < 1 || static_cast<std::size_t>(position) > order.size()) continue;
+      const Timestamp deadline_at = r.time(row, 1);
+      results[order[static_cast<std::size_t>(position - 1)]] =
+          ExtendResult{WriteResult::kDone, deadline_at, deadline_at - r.time(row, 2)};
+    }
+    return results;
+  });
+}
+
+std::size_t PostgresStore::do_purge(std::size_t limit) {
+  std::size_t deleted = 0;
+  while (deleted < limit) {
+    // Each batch is its own short transaction with its own timeout, so a large purge
+    // never holds locks for long and never runs into one call's bound.
+    const std::size_t batch = std::min(limit - deleted, kPurgeBatch);
+    const std::size_t n = impl_->with_connection([&](Connection& c, Deadline deadline) {
+      Result r = c.run(kPurge, Params().int8(static_cast<std::int64_t>(batch)), deadline);
+      return static_cast<std::size_t>(r.rows());
+    });
+    deleted += n;
+    // A short batch: nothing more is due now (or the rest is locked by somebody else).
+    if (n < batch) break;
+  }
+  return deleted;
+}
+
+std::optional<Record> PostgresStore::do_get(std::string_view scope, std::string_view key) {
+  std::optional<Row> r =
+      impl_->read(scope, key, SteadyClock::now() + impl_->options.timeout);
+  if (!r) return std::nullopt;
+  Record rec;
+  const bool complete = r->state == postgres::kStateComplete;
+  rec.state = complete ? RecordState::kComplete : RecordState::kInProgress;
+  rec.token = r->token;
+  if (complete) {
+    rec.completed_at = r->completed_at;
+    rec.payload = std::move(r->payload);
+  } else {
+    rec.attempt = r->attempt;
+    rec.acquired_at = r->acquired_at;
+    rec.lease_expires_at = r->lease_expires_at;
+  }
+  rec.expires_at = r->expires_at;
+  rec.fingerprint = std::move(r->fingerprint);
+  rec.now = r->now;
+  return rec;
+}
+
+bool PostgresStore::do_forget(std::string_view scope, std::string_view key) {
+  return impl_->with_connection([&](Connection& c, Deadline deadline) {
+    return c.run(kForget, Params().bytes(scope).bytes(key), deadline).affected() > 0;
+  });
+}
+
+namespace detail {
+
+namespace {
+
+// Quotes a value for a libpq keyword/value connection string.
+std::string conninfo_value(const std::string& v) {
+  std::string out = "'";
+  for (char c : v) {
+    if (c == '\'' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "'";
+}
+
+std::size_t parse_count(const std::string& name, const std::string& value) {
+  std::size_t n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc{} || end != value.data() + value.size() || n == 0) {
+    throw InvalidArgument("store URL", "parameter '" + name +
+                                           "' must be a positive whole number, got '" + value +
+                                           "'");
+  }
+  return n;
+}
+
+}  // namespace
+
+std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& /*options*/) {
+  if (!url.has_authority) {
+    throw InvalidArgument("store URL", "'" + url.scheme +
+                                           ":' needs '//': postgresql://user@host:port/db or "
+                                           "postgresql:///db?host=/socket/dir");
+  }
+  PostgresStoreOptions o;
+  std::string conninfo;
+  auto add = [&](const std::string& k, const std::string& v) {
+    conninfo += (conninfo.empty() ? "" : " ") + k + "=" + conninfo_value(v);
+  };
+  if (!url.host.empty()) add("host", url.host);
+  if (url.port != 0) add("port", std::to_string(url.port));
+  if (url.path.size() > 1) add("dbname", url.path.substr(1));
+  if (!url.user.empty()) add("user", url.user);
+  if (!url.password.empty()) add("password", url.password);
+  for (const auto& [name, value] : url.query) {
+    if (name == "table") {
+      o.table = value;
+    } else if (name == "pool_size") {
+      o.pool_size = parse_count(name, value);
+    } else if (name == "timeout") {
+      o.timeout = Duration{static_cast<Duration::rep>(parse_count(name, value))};
+    } else if (name == "synchronous_commit") {
+      if (value != "off" && value != "default") {
+        throw InvalidArgument("store URL",
+                              "parameter 'synchronous_commit' must be 'default' or 'off', got '" +
+                                  value + "'");
+      }
+      o.asynchronous_commit = value == "off";
+    } else if (name == "acquire") {
+      if (value == "adaptive") {
+        o.acquire = PostgresAcquire::kAdaptive;
+      } else if (value == "read-first") {
+        o.acquire = PostgresAcquire::kReadFirst;
+      } else if (value == "write-first") {
+        o.acquire = PostgresAcquire::kWriteFirst;
+      } else {
+        throw InvalidArgument("store URL",
+                              "parameter 'acquire' must be 'adaptive', 'read-first' or "
+                              "'write-first', got '" +
+                                  value + "'");
+      }
+    } else {
+      add(name, value);  // libpq's own: sslmode, connect_timeout, application_name, ...
+    }
+  }
+  o.conninfo = conninfo;
+  return std::make_shared<PostgresStore>(std::move(o));
+}
+
+}  // namespace detail
+
+}  // namespace idem

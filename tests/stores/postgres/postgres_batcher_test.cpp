@@ -1,0 +1,125 @@
+// The PostgreSQL store's batcher (src/stores/postgres/pg_batcher.h) on its own: concurrent
+// callers share batches, never two requests for one record in a batch, a failed batch fails
+// every caller in it, and a caller still queued at its deadline gives up.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <latch>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/error.h"
+#include "stores/postgres/pg_batcher.h"
+
+namespace idem::postgres {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Req {
+  std::string id;
+  int value;
+};
+using IntBatcher = Batcher<Req, int>;
+
+std::string_view id_of(const Req& r) { return r.id; }
+
+auto far_deadline() { return std::chrono::steady_clock::now() + 60s; }
+
+TEST(PostgresBatcher, ConcurrentCallersShareBatchesOneRequestPerRecord) {
+  IntBatcher batcher(/*max_batch=*/8, /*max_in_flight=*/1, &id_of);
+  constexpr int kThreads = 24;
+  std::mutex mu;
+  std::vector<std::size_t> sizes;
+  std::atomic<int> duplicates{0};
+  IntBatcher::Runner run = [&](const std::vector<IntBatcher::Entry*>& batch) {
+    std::set<std::string> ids;
+    for (auto* e : batch) {
+      if (!ids.insert(e->request->id).second) ++duplicates;
+      e->response = e->request->value * 2;
+    }
+    {
+      std::lock_guard lock(mu);
+      sizes.push_back(batch.size());
+    }
+    std::this_thread::sleep_for(20ms);  // a slow statement, so others queue meanwhile
+  };
+  std::latch start(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      // Every third thread asks for the same record as another.
+      const Req r{"record-" + std::to_string(t % 3 == 0 ? 0 : t), t};
+      if (batcher.submit(r, far_deadline(), "store", 1000ms, run) != t * 2) ++wrong;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(duplicates.load(), 0);
+  std::size_t total = 0;
+  std::size_t largest = 0;
+  for (std::size_t n : sizes) {
+    total += n;
+    largest = std::max(largest, n);
+    EXPECT_LE(n, 8u);
+  }
+  EXPECT_EQ(total, static_cast<std::size_t>(kThreads));
+  EXPECT_GT(largest, 1u) << "no two callers ever shared a batch";
+}
+
+TEST(PostgresBatcher, AFailedBatchFailsEveryCallerInIt) {
+  IntBatcher batcher(8, 1, &id_of);
+  std::latch start(6);
+  std::atomic<int> failed{0};
+  IntBatcher::Runner run = [&](const std::vector<IntBatcher::Entry*>& batch) {
+    for (auto* e : batch) e->response = 1;  // answers set, then the statement fails
+    std::this_thread::sleep_for(10ms);
+    throw StoreUnavailable("store", "connection lost");
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      try {
+        (void)batcher.submit(Req{std::to_string(t), t}, far_deadline(), "store", 1000ms, run);
+      } catch (const StoreUnavailable& e) {
+        if (std::string(e.what()).find("connection lost") != std::string::npos) ++failed;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failed.load(), 6);
+}
+
+TEST(PostgresBatcher, ACallerStillQueuedAtItsDeadlineGivesUp) {
+  IntBatcher batcher(8, 1, &id_of);
+  std::latch running(1);
+  std::atomic<bool> release{false};
+  IntBatcher::Runner slow = [&](const std::vector<IntBatcher::Entry*>& batch) {
+    running.count_down();
+    while (!release) std::this_thread::sleep_for(1ms);
+    for (auto* e : batch) e->response = 0;
+  };
+  std::thread first([&] { (void)batcher.submit(Req{"a", 0}, far_deadline(), "s", 1000ms, slow); });
+  running.wait();
+  try {
+    (void)batcher.submit(Req{"b", 1}, std::chrono::steady_clock::now() + 50ms, "s", 50ms, slow);
+    ADD_FAILURE() << "a queued caller outlived its deadline";
+  } catch (const StoreUnavailable& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("timed out"));
+  }
+  release = true;
+  first.join();
+}
+
+}  // namespace
+}  // namespace idem::postgres

@@ -1,0 +1,126 @@
+#pragma once
+
+// Helpers for the PostgreSQL store tests: the server URL from the environment (the test
+// script starts the server and sets IDEM_TEST_POSTGRES_URL), a table name nobody has used,
+// stores that drop their table when released, and a raw libpq connection to inspect or
+// tamper with the server behind the store's back.
+//
+// Without the URL every test skips, unless IDEM_REQUIRE_SERVERS=1 (set by scripts/test.sh),
+// which makes every test fail instead.
+
+#include <gtest/gtest.h>
+#include <libpq-fe.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "idem/stores/postgres_store.h"
+
+namespace idem::testing {
+
+inline std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+inline std::string postgres_url() { return env_or_empty("IDEM_TEST_POSTGRES_URL"); }
+
+// Skips (or, with IDEM_REQUIRE_SERVERS=1, fails) every test of the executable when the
+// server URL is missing. Registered by each test source through kPostgresEnvironment.
+class PostgresEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!postgres_url().empty()) return;
+    if (env_or_empty("IDEM_REQUIRE_SERVERS") == "1") {
+      FAIL() << "IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_POSTGRES_URL is not set";
+    }
+    GTEST_SKIP() << "IDEM_TEST_POSTGRES_URL is not set (source scripts/servers.sh and run "
+                    "idem_start_postgres)";
+  }
+};
+
+inline ::testing::Environment* const kPostgresEnvironment =
+    ::testing::AddGlobalTestEnvironment(new PostgresEnvironment);
+
+// A table name no other test (in any process) has used: the process id and a counter.
+inline std::string fresh_table(const std::string& stem = "t") {
+  static std::atomic<int> counter{0};
+  return "idem_test_" + stem + "_" + std::to_string(::getpid()) + "_" +
+         std::to_string(counter.fetch_add(1));
+}
+
+// A raw connection for tests: runs SQL directly.
+class RawPg {
+ public:
+  explicit RawPg(const std::string& conninfo) : conn_(PQconnectdb(conninfo.c_str()), &PQfinish) {
+    if (PQstatus(conn_.get()) != CONNECTION_OK) {
+      ADD_FAILURE() << "cannot connect to " << conninfo << ": " << PQerrorMessage(conn_.get());
+    }
+  }
+
+  // Runs statements; records a failure unless they succeed or `expect_ok` is false.
+  // Returns the error's SQLSTATE, or "" on success.
+  std::string exec(const std::string& sql, bool expect_ok = true) {
+    std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(conn_.get(), sql.c_str()), &PQclear);
+    const ExecStatusType s = PQresultStatus(r.get());
+    if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) return "";
+    if (expect_ok) ADD_FAILURE() << sql << ": " << PQerrorMessage(conn_.get());
+    const char* state = PQresultErrorField(r.get(), PG_DIAG_SQLSTATE);
+    return state ? state : "?";
+  }
+
+  // The first column of every row, as text ("" for NULL).
+  std::vector<std::string> column(const std::string& sql) {
+    std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(conn_.get(), sql.c_str()), &PQclear);
+    std::vector<std::string> out;
+    if (PQresultStatus(r.get()) != PGRES_TUPLES_OK) {
+      ADD_FAILURE() << sql << ": " << PQerrorMessage(conn_.get());
+      return out;
+    }
+    for (int i = 0; i < PQntuples(r.get()); ++i) out.emplace_back(PQgetvalue(r.get(), i, 0));
+    return out;
+  }
+
+  // The first column of the first row, or "" when there is none.
+  std::string value(const std::string& sql) {
+    std::vector<std::string> c = column(sql);
+    return c.empty() ? std::string() : c.front();
+  }
+
+  PGconn* raw() const { return conn_.get(); }
+
+ private:
+  std::unique_ptr<PGconn, decltype(&PQfinish)> conn_{nullptr, &PQfinish};
+};
+
+// Drops a test table and its token sequence.
+inline void drop_table(const std::string& conninfo, const std::string& table) {
+  RawPg raw(conninfo);
+  raw.exec("DROP TABLE IF EXISTS " + table + "; DROP SEQUENCE IF EXISTS " + table +
+               "_token_seq",
+           /*expect_ok=*/false);
+}
+
+// A store on a fresh table of the test server, which drops the table when the last
+// reference goes.
+inline std::shared_ptr<PostgresStore> make_postgres_store(PostgresStoreOptions o) {
+  const std::string conninfo = o.conninfo;
+  const std::string table = o.table;
+  auto* store = new PostgresStore(std::move(o));
+  return std::shared_ptr<PostgresStore>(store, [conninfo, table](PostgresStore* s) {
+    delete s;
+    drop_table(conninfo, table);
+  });
+}
+
+inline std::shared_ptr<PostgresStore> fresh_postgres_store(PostgresStoreOptions o = {}) {
+  if (o.conninfo.empty()) o.conninfo = postgres_url();
+  if (o.table == PostgresStoreOptions{}.table) o.table = fresh_table();
+  return make_postgres_store(std::move(o));
+}
+
+}  // namespace idem::testing
