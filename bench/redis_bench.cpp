@@ -277,11 +277,10 @@ std::string g_scope;
 std::uint64_t g_commands_before = 0;
 std::uint64_t g_trips_before = 0;
 
-// Replay orders by benchmark argument: 0 script, 1 get, 2 auto.
+// Replay orders by benchmark argument: 0 script, 1 get.
 idem::RedisStoreOptions store_options(std::int64_t path, std::int64_t connections) {
   constexpr idem::RedisReplayPath kPaths[] = {idem::RedisReplayPath::kScript,
-                                              idem::RedisReplayPath::kGet,
-                                              idem::RedisReplayPath::kAuto};
+                                              idem::RedisReplayPath::kGet};
   idem::RedisStoreOptions o;
   o.host = g_host;
   o.port = g_port;
@@ -350,10 +349,10 @@ void BM_IdemReplay(benchmark::State& state) {
   tear_down(state);
 }
 
-// Args: {replay path (0: script, 1: get, 2: auto), connections}.
+// Args: {replay path (0: script, 1: get), connections}.
 void idem_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"path", "conns"});
-  for (int path : {0, 1, 2}) b->Args({path, 2});
+  for (int path : {0, 1}) b->Args({path, 2});
   b->Threads(1)->Threads(32)->UseRealTime();
 }
 
@@ -364,14 +363,14 @@ BENCHMARK(BM_IdemReplay)->Apply(idem_args);
 // The number of connections at 32 callers.
 BENCHMARK(BM_IdemFresh)
     ->ArgNames({"path", "conns"})
-    ->Args({2, 1})
-    ->Args({2, 4})
+    ->Args({0, 1})
+    ->Args({0, 4})
     ->Threads(32)
     ->UseRealTime();
 BENCHMARK(BM_IdemReplay)
     ->ArgNames({"path", "conns"})
-    ->Args({2, 1})
-    ->Args({2, 4})
+    ->Args({0, 1})
+    ->Args({0, 4})
     ->Threads(32)
     ->UseRealTime();
 
@@ -382,7 +381,7 @@ BENCHMARK(BM_IdemReplay)
 // turns in 250 ms slices (taking_turns.h; IDEM_BENCH_SLICES each, default 4): both sides see
 // the same machine. Arguments: fresh (1) or replay (0); 1 caller, against raw scripts one at
 // a time (0), or 32 callers, against raw scripts pipelined 16 deep over one connection (1);
-// the replay order (0 script, 1 get, 2 auto).
+// the replay order (0 script, 1 get).
 void BM_TakingTurns(benchmark::State& state) {
   const bool fresh = state.range(0) == 1;
   const bool concurrent = state.range(1) == 1;
@@ -442,7 +441,7 @@ void BM_TakingTurns(benchmark::State& state) {
 
 BENCHMARK(BM_TakingTurns)
     ->ArgNames({"fresh", "callers32", "path"})
-    ->ArgsProduct({{1, 0}, {0, 1}, {0, 1, 2}})
+    ->ArgsProduct({{1, 0}, {0, 1}, {0, 1}})
     ->Iterations(1)
     ->UseRealTime()
     ->Unit(benchmark::kSecond);

@@ -20,10 +20,6 @@ namespace idem {
 
 // How acquire looks for a stored result (docs/stores/redis.md, "Replays: script or GET").
 enum class RedisReplayPath {
-  // Script when a connection is idle (the call would go out alone, and one round trip is
-  // best), GET when every connection has a round trip in flight (the call waits anyway, and
-  // a GET in the next pipeline costs the server a fraction of a script).
-  kAuto,
   // One script call whatever the key holds: every acquire is one round trip.
   kScript,
   // A plain GET first; a live COMPLETE record replays from it (cheaper for the server), and
@@ -60,7 +56,7 @@ struct RedisStoreOptions {
   int wait_replicas = 0;
   Duration wait_timeout{1000};
   // See RedisReplayPath.
-  RedisReplayPath replay = RedisReplayPath::kAuto;
+  RedisReplayPath replay = RedisReplayPath::kScript;
   // Never write: get() and acquires answered without a write (replay, busy) work; anything
   // else throws StoreUnavailable. Only the read-only script is loaded.
   bool read_only = false;

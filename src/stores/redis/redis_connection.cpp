@@ -457,13 +457,6 @@ void Pool::execute(const std::shared_ptr<Call>& call, Duration timeout) {
   if (!call->error.empty()) throw StoreUnavailable(store_name_, call->error);
 }
 
-bool Pool::idle() const noexcept {
-  for (const auto& c : connections_) {
-    if (c->up() && c->load() == 0) return true;
-  }
-  return false;
-}
-
 ConnectionStats Pool::stats() const {
   ConnectionStats total;
   for (const auto& c : connections_) {

@@ -166,9 +166,6 @@ class Pool {
 
   ConnectionStats stats() const;
   const std::string& store_name() const noexcept { return store_name_; }
-  // Whether a connection that is up has nothing in flight right now (a hint: it may change
-  // at once).
-  bool idle() const noexcept;
 
  private:
   ConnectionSettings settings_;

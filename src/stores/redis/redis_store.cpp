@@ -271,8 +271,7 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
   Impl& m = *impl_;
   const Impl::RecordRef k{scope, key};
   if (m.o.read_only) return m.acquire_read_only(k);
-  if (m.o.replay == RedisReplayPath::kGet ||
-      (m.o.replay == RedisReplayPath::kAuto && !m.pool->idle())) {
+  if (m.o.replay == RedisReplayPath::kGet) {
     // Redis checks a key's expiry on every access by its own clock, and a COMPLETE
     // record's key expires 1 ms before its expires_at unless its token's millisecond is
     // later still (a clock that stepped back). So a key GET returns whose expiry is
@@ -485,15 +484,13 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions&) {
     } else if (name == "wait_timeout") {
       o.wait_timeout = Duration(parse_number(name, value, 1, kMaxMs));
     } else if (name == "replay") {
-      if (value == "auto") {
-        o.replay = RedisReplayPath::kAuto;
-      } else if (value == "script") {
+      if (value == "script") {
         o.replay = RedisReplayPath::kScript;
       } else if (value == "get") {
         o.replay = RedisReplayPath::kGet;
       } else {
         throw InvalidArgument("store URL",
-                              "parameter 'replay' must be 'auto', 'script' or 'get', got '" + value + "'");
+                              "parameter 'replay' must be 'script' or 'get', got '" + value + "'");
       }
     } else {
       throw InvalidArgument(

@@ -175,7 +175,7 @@ TEST(RedisUrl, MalformedUrlsAreRefusedBeforeConnecting) {
   expect_bad_url("redis://h/0?timeout=0", "'timeout'");
   expect_bad_url("redis://h/0?timeout=1s", "'timeout'");
   expect_bad_url("redis://h/0?wait_replicas=-1", "'wait_replicas'");
-  expect_bad_url("redis://h/0?replay=maybe", "'replay' must be 'auto', 'script' or 'get'");
+  expect_bad_url("redis://h/0?replay=maybe", "'replay' must be 'script' or 'get'");
   expect_bad_url("redis://u:hunter2@h/0?prefix=a%7Bb", "must not contain '{' or '}'");
   expect_bad_url("unix://host/tmp/redis.sock", "takes a socket path, not a host");
   expect_bad_url("unix://", "needs an absolute socket path");

@@ -60,8 +60,8 @@ TEST_F(PrivateRedisTest, CallsQueuedDuringARoundTripGoOutTogetherInTheNextOne) {
   }
   const RedisStats base = store->stats();
 
-  // With the server paused, the first call's round trip stays in flight (the connection was
-  // idle: one acquire script), and every call made meanwhile has to wait for the next one.
+  // With the server paused, the first call's round trip stays in flight, and every call made
+  // meanwhile has to wait for the next one.
   server.pause();
   std::vector<std::thread> callers;
   std::atomic<int> acquired{0}, replayed{0};
@@ -80,8 +80,7 @@ TEST_F(PrivateRedisTest, CallsQueuedDuringARoundTripGoOutTogetherInTheNextOne) {
   server.resume();
   for (auto& t : callers) t.join();
 
-  // The 31 queued acquires went out as one write: with no idle connection they looked with
-  // a plain GET (replay=auto), and each replayed from it.
+  // The 31 queued acquires went out as one write, and each replayed.
   const RedisStats after = store->stats();
   EXPECT_EQ(acquired.load(), 1);
   EXPECT_EQ(replayed.load(), kQueued);
