@@ -1,8 +1,9 @@
 // The executor on the in-memory store, measured beside the raw store calls it makes for the
 // same work, in the same process (docs/benchmarks.md):
-//   fresh key: Executor::run, and begin + AttemptHandle::complete  vs  MemoryStore acquire +
-//              complete
-//   replay:    Executor::run, and begin  vs  MemoryStore acquire
+//   fresh key: Executor::run (without and with the event hook counting into
+//              ExecutorMetrics), and begin + AttemptHandle::complete  vs  MemoryStore
+//              acquire + complete
+//   replay:    Executor::run (the same two ways), and begin  vs  MemoryStore acquire
 // and the heartbeat's cost per lease.
 //
 //   build/release/bench/executor_bench --benchmark_repetitions=5
@@ -21,6 +22,7 @@
 
 #include "core/heartbeat.h"
 #include "idem/executor.h"
+#include "idem/metrics.h"
 #include "idem/stores/memory_store.h"
 
 namespace {
@@ -38,11 +40,18 @@ const std::string kPayload(32, 'p');
 // loop starts with a barrier) and dropped after it.
 std::shared_ptr<idem::MemoryStore> g_store;
 std::unique_ptr<idem::Executor> g_executor;
+// The counters behind the event hook, for the *Events benchmarks.
+idem::ExecutorMetrics g_metrics;
 
-void set_up(const benchmark::State& state, bool with_executor, bool with_replays) {
+void set_up(const benchmark::State& state, bool with_executor, bool with_replays,
+            bool with_events = false) {
   if (state.thread_index() != 0) return;
   g_store = std::make_shared<idem::MemoryStore>();
-  if (with_executor) g_executor = std::make_unique<idem::Executor>(g_store);
+  if (with_executor) {
+    idem::ExecutorOptions options;
+    if (with_events) options.on_event = g_metrics.hook();
+    g_executor = std::make_unique<idem::Executor>(g_store, std::move(options));
+  }
   if (with_replays) {
     for (int i = 0; i < kReplayKeys; ++i) {
       const std::string key = "replay-" + std::to_string(i);
@@ -92,8 +101,8 @@ void BM_RawFresh(benchmark::State& state) {
   tear_down(state);
 }
 
-void BM_ExecutorFresh(benchmark::State& state) {
-  set_up(state, true, false);
+void executor_fresh(benchmark::State& state, bool with_events) {
+  set_up(state, true, false, with_events);
   FreshKeys keys(state);
   for (auto _ : state) {
     auto r = g_executor->run("bench", keys.next(),
@@ -107,6 +116,10 @@ void BM_ExecutorFresh(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   tear_down(state);
 }
+
+void BM_ExecutorFresh(benchmark::State& state) { executor_fresh(state, false); }
+// The same with the event hook set to ExecutorMetrics: what leaving the counters on costs.
+void BM_ExecutorEventsFresh(benchmark::State& state) { executor_fresh(state, true); }
 
 // The same work as BM_ExecutorFresh through begin() and the handle it returns.
 void BM_BeginFresh(benchmark::State& state) {
@@ -142,8 +155,8 @@ void BM_RawReplay(benchmark::State& state) {
   tear_down(state);
 }
 
-void BM_ExecutorReplay(benchmark::State& state) {
-  set_up(state, true, true);
+void executor_replay(benchmark::State& state, bool with_events) {
+  set_up(state, true, true, with_events);
   std::vector<std::string> keys;
   for (int i = 0; i < kReplayKeys; ++i) keys.push_back("replay-" + std::to_string(i));
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * 97;
@@ -159,6 +172,9 @@ void BM_ExecutorReplay(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   tear_down(state);
 }
+
+void BM_ExecutorReplay(benchmark::State& state) { executor_replay(state, false); }
+void BM_ExecutorEventsReplay(benchmark::State& state) { executor_replay(state, true); }
 
 void BM_BeginReplay(benchmark::State& state) {
   set_up(state, true, true);
@@ -189,6 +205,12 @@ BENCHMARK(BM_ExecutorFresh)
     ->Threads(2)
     ->Threads(4)
     ->UseRealTime();
+BENCHMARK(BM_ExecutorEventsFresh)
+    ->Iterations(kFreshIterations)
+    ->Threads(1)
+    ->Threads(2)
+    ->Threads(4)
+    ->UseRealTime();
 BENCHMARK(BM_BeginFresh)
     ->Iterations(kFreshIterations)
     ->Threads(1)
@@ -197,6 +219,7 @@ BENCHMARK(BM_BeginFresh)
     ->UseRealTime();
 BENCHMARK(BM_RawReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
 BENCHMARK(BM_ExecutorReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
+BENCHMARK(BM_ExecutorEventsReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
 BENCHMARK(BM_BeginReplay)->Threads(1)->Threads(2)->Threads(4)->UseRealTime();
 
 // --- the heartbeat ----------------------------------------------------------------------

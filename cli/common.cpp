@@ -229,6 +229,12 @@ int report_error(std::string_view command, const std::exception& error) {
     switch (e->code()) {
       case ErrorCode::kInvalidArgument:
         return kExitUsage;
+      case ErrorCode::kPayloadTooLarge:
+        return kExitOutputTooLarge;
+      case ErrorCode::kDecodeFailed:
+        return kExitDataError;
+      case ErrorCode::kShutDown:
+        return kExitStoreUnavailable;
       case ErrorCode::kInProgress:
         return kExitInProgress;
       case ErrorCode::kKeyReuse:

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   std::vector<Command> commands = {add_run_command(app), add_show_command(app),
                                    add_purge_command(app), add_forget_command(app),
                                    add_bench_command(app)};
+  commands.push_back(add_proxy_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

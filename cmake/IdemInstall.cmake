@@ -7,6 +7,8 @@ install(TARGETS idem_core idem ${_targets} EXPORT idemTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/include/idem/version.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/idem)
 install(EXPORT idemTargets NAMESPACE idem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
 
 # The package config looks for a store's dependency only when that store was built.
@@ -22,7 +24,14 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/idemConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/idemConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
 
-# pkg-config, for consumers without CMake.
+# pkg-config, for consumers without CMake. The libraries are static unless
+# BUILD_SHARED_LIBS is on: then the stores' libraries must be linked by the consumer, so
+# they go in Requires (plain `pkg-config --libs idem` links), not Requires.private.
+if(BUILD_SHARED_LIBS)
+  set(_pc_requires_field "Requires.private")
+else()
+  set(_pc_requires_field "Requires")
+endif()
 set(_pc_requires "")
 if("SQLite3" IN_LIST IDEM_STORE_PACKAGES)
   string(APPEND _pc_requires " sqlite3")

@@ -9,6 +9,7 @@ IDEM_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
+  libboost-dev libssl-dev curl wrk
 )
 
 idem_install_deps() {

@@ -1,8 +1,16 @@
 // open_store(): the URL schemes of every store this build includes. The table is generated
 // by cmake/IdemStores.cmake, so adding a store never touches this file.
 
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
+#include <system_error>
 
 #include "idem/error.h"
 #include "idem/open_store.h"
@@ -39,6 +47,86 @@ std::shared_ptr<Store> open_store(std::string_view text, const OpenOptions& opti
   for (const Scheme& s : kSchemes) known += (known.empty() ? "" : ", ") + std::string(s.scheme);
   throw InvalidArgument("store URL", "unknown or not built scheme '" + url.scheme +
                                          "' (this build opens: " + known + ")");
+}
+
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+// The default SQLite file, by the XDG Base Directory rules.
+std::string default_store_path() {
+  // A relative XDG_STATE_HOME is invalid and must be ignored.
+  if (std::optional<std::string> state = env("XDG_STATE_HOME"); state && state->front() == '/') {
+    return *state + "/idem/idem.db";
+  }
+  std::optional<std::string> home = env("HOME");
+  if (!home) {
+    if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr) {
+      home = std::string(pw->pw_dir);
+    }
+  }
+  if (!home || home->empty()) {
+    throw InvalidArgument("store URL",
+                          "none given, and no IDEM_STORE, XDG_STATE_HOME or home directory to "
+                          "find the default store by");
+  }
+  return *home + "/.local/state/idem/idem.db";
+}
+
+// An sqlite:// URL for `path`, percent-encoding what the URL parser would read as syntax.
+std::string sqlite_url(std::string_view path) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out = "sqlite://";
+  for (const char c : path) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u >= 0x7f || c == '%' || c == '?' || c == '#') {
+      out += '%';
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+bool has_scheme(std::string_view scheme) {
+  for (const Scheme& s : kSchemes) {
+    if (scheme == s.scheme) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string default_store_url() {
+  if (std::optional<std::string> url = env("IDEM_STORE")) return *url;
+  if (!has_scheme("sqlite")) {
+    throw InvalidArgument("store URL",
+                          "IDEM_STORE is not set and this build has no SQLite store for the "
+                          "default file");
+  }
+  return sqlite_url(default_store_path());
+}
+
+std::shared_ptr<Store> open_default_store(const OpenOptions& options) {
+  if (!env("IDEM_STORE") && has_scheme("sqlite")) {
+    // The default file's directory, made like `mkdir -p -m 0700`.
+    const std::string path = default_store_path();
+    for (std::size_t slash = path.find('/', 1); slash != std::string::npos;
+         slash = path.find('/', slash + 1)) {
+      const std::string dir = path.substr(0, slash);
+      if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        throw StoreUnavailable(sqlite_url(path), "cannot create " + dir + ": " +
+                                                     std::generic_category().message(errno));
+      }
+    }
+  }
+  return open_store(default_store_url(), options);
 }
 
 std::vector<std::string> available_schemes() {

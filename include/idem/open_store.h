@@ -33,6 +33,17 @@ std::shared_ptr<Store> open_store(std::string_view url, const OpenOptions& optio
 // The URL schemes this build can open, e.g. {"memory", "sqlite"}.
 std::vector<std::string> available_schemes();
 
+// The store a program uses when its user named none, as the `idem` tool does: the URL in
+// the IDEM_STORE environment variable when set, else an SQLite file at
+// $XDG_STATE_HOME/idem/idem.db (an absolute XDG_STATE_HOME only) or
+// ~/.local/state/idem/idem.db. Throws InvalidArgument when neither IDEM_STORE, a state
+// directory nor a home directory is known, or when the default needs SQLite and this build
+// has none.
+std::string default_store_url();
+
+// open_store(default_store_url()), creating the default file's directory (mode 0700) first.
+std::shared_ptr<Store> open_default_store(const OpenOptions& options = {});
+
 // A URL split into its parts. `scheme:rest` forms keep everything after the colon in
 // `path`; `scheme://[user[:password]@]host[:port]/path?query` fills every field.
 struct Url {

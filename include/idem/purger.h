@@ -17,11 +17,9 @@
 
 namespace idem {
 
-using namespace std::chrono_literals;
-
 struct PurgerOptions {
   // Pause between purge passes; the wait ends early on trigger() or destruction.
-  Duration interval = 60s;
+  Duration interval = std::chrono::seconds(60);
   // Records deleted per store call.
   std::size_t batch = 1000;
   // Store calls per pass at most; a pass ends early when a batch comes back short.

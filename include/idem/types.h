@@ -93,4 +93,7 @@ struct Record {
 const char* to_string(RecordState state);
 const char* to_string(WriteResult result);
 
+// A store timestamp as ISO-8601 UTC with milliseconds: "2024-05-01T12:00:00.250Z".
+std::string to_iso8601(Timestamp t);
+
 }  // namespace idem

@@ -10,11 +10,13 @@
 #include <mutex>
 #include <random>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
+#include "core/call_counter.h"
 #include "core/heartbeat.h"
 
 namespace idem {
@@ -79,35 +81,45 @@ enum class OwnerState {
 
 namespace detail {
 
+// Requests an attempt's stop token when the call's CallOptions::stop_token is requested.
+struct RequestStop {
+  HeartbeatLease* lease;
+  void operator()() const noexcept { lease->request_stop(); }
+};
+
 // A call of this executor that holds the lease on a key (the state behind an
-// AttemptHandle), or one that polls the store for the key on behalf of the duplicates in
-// this process. In-process duplicates find it in the owner table and wait on it in memory
-// instead of polling the store (SPEC §7).
-struct InFlight {
+// AttemptHandle; the heartbeat keeps it as its lease), or one that polls the store for
+// the key on behalf of the duplicates in this process. In-process duplicates find it in
+// the owner table and wait on it in memory instead of polling the store (SPEC §7).
+struct InFlight : HeartbeatLease {
   // An owner: this call holds the lease.
   InFlight(std::string_view scope, std::string_view key, std::size_t id_hash,
            const Acquired& acquired, Duration lease, Duration interval,
-           SteadyClock::time_point local_deadline, const std::optional<std::string>& fp,
-           ExecutorImpl* executor, Duration result_ttl)
-      : hb(scope, key, acquired.lease.token, lease, interval, local_deadline,
-           acquired.lease.lease_expires_at),
+           SteadyClock::time_point sent, SteadyClock::time_point local_deadline,
+           const std::optional<std::string>& fp, ExecutorImpl* executor, Duration result_ttl,
+           SteadyClock::time_point call_started)
+      : HeartbeatLease(scope, key, acquired.lease.token, lease, interval, local_deadline,
+                       acquired.lease.lease_expires_at),
         hash(id_hash),
         fingerprint(fp),
         exec(executor),
         ttl(result_ttl),
-        attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen, hb.stop_token()) {}
+        acquired_at(sent),
+        started(call_started),
+        attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen, stop_token(),
+                &lost_flag(), RecordRef{this->scope(), this->key()}) {}
   // A poller: another process holds the lease and this call polls the store on behalf of
   // every duplicate in this process (SPEC §7: they do not poll the store themselves).
   InFlight(std::string_view scope, std::string_view key, std::size_t id_hash, const Busy& busy,
            Duration lease, Duration interval, SteadyClock::time_point local_deadline)
-      : hb(scope, key, 0, lease, interval, local_deadline, busy.lease_expires_at),
+      : HeartbeatLease(scope, key, 0, lease, interval, local_deadline, busy.lease_expires_at),
         hash(id_hash),
         fingerprint(busy.fingerprint),
         attempt(0, 0, false, {}) {}
 
-  // The heartbeat's view of the lease (an owner's is registered with the heartbeat; a
-  // poller's only records the owner's deadline); it also owns the copy of (scope, key).
-  HeartbeatLease hb;
+  bool owner() const noexcept { return exec != nullptr; }
+  RecordRef record() const noexcept { return RecordRef{scope(), key()}; }
+
   // IdHash of (scope, key), compared before the strings when the table is searched.
   const std::size_t hash;
   // The fingerprint stored with the record.
@@ -115,8 +127,16 @@ struct InFlight {
   // An owner's executor, and the TTL its result is stored with.
   ExecutorImpl* const exec = nullptr;
   const Duration ttl{0};
+  // When the acquire was sent, and when the call began (only read for events).
+  const SteadyClock::time_point acquired_at{};
+  const SteadyClock::time_point started{};
   // What the action sees of an owner's lease.
   const Attempt attempt;
+  // A lease taken for run(): the call slot it is counted in until it ends, so shutdown
+  // waits for the action to return. Null for a handle from Executor::begin.
+  CallCounter::Slot* counted = nullptr;
+  // Requests the attempt's stop token when the call is cancelled.
+  std::optional<std::stop_callback<RequestStop>> cancel;
   // Duplicates that found this owner in the table and may still read its outcome.
   std::atomic<int> waiters{0};
 
@@ -126,7 +146,7 @@ struct InFlight {
   bool has_payload = false;                 // guarded by mu
   std::string payload;                      // guarded by mu
 
-  IdView id() const { return IdView{hb.scope(), hb.key()}; }
+  IdView id() const { return IdView{scope(), key()}; }
   bool is(const IdView& other, std::size_t other_hash) const {
     return hash == other_hash && id() == other;
   }
@@ -163,6 +183,7 @@ struct Call {
   Duration ttl;
   WaitPolicy wait;
   const std::optional<std::string>& fingerprint;
+  const std::stop_token& stop;
 };
 
 Duration resolve_interval(Duration heartbeat, Duration lease) {
@@ -204,12 +225,17 @@ void validate_options(const ExecutorOptions& o) {
     throw InvalidArgument("max_payload", "must be at most " + std::to_string(kMaxPayloadBytes) +
                                              " bytes, got " + std::to_string(o.max_payload));
   }
+  if (o.shutdown_timeout < Duration::zero() || o.shutdown_timeout > kMaxDuration) {
+    throw InvalidArgument("shutdown_timeout", "must be 0 to 365 days, got " +
+                                                  std::to_string(o.shutdown_timeout.count()) +
+                                                  " ms");
+  }
 }
 
 // SPEC §5: a stored fingerprint and the call's that differ mean the key was reused.
 void check_fingerprint(const std::optional<std::string>& stored,
-                       const std::optional<std::string>& requested) {
-  if (stored && requested && *stored != *requested) throw KeyReuse(*stored, *requested);
+                       const std::optional<std::string>& requested, RecordRef record) {
+  if (stored && requested && *stored != *requested) throw KeyReuse(*stored, *requested, record);
 }
 
 // The pause before the next poll: half the backoff plus up to half again at random, so
@@ -226,23 +252,36 @@ SteadyClock::duration jittered(Duration backoff) {
 
 // What a duplicate reports when it gives up on an in-process owner: the owner's deadline.
 Busy busy_of(const InFlight& owner, SteadyClock::time_point now) {
-  const auto left = std::max(owner.hb.local_deadline() - now, SteadyClock::duration::zero());
-  return Busy{owner.hb.lease_expires_at(), std::chrono::ceil<Duration>(left), owner.fingerprint};
+  const auto left = std::max(owner.local_deadline() - now, SteadyClock::duration::zero());
+  return Busy{owner.lease_expires_at(), std::chrono::ceil<Duration>(left), owner.fingerprint};
 }
 
 using BytesBegin = BeginResult<std::string>;
+
+ShutDown shut_down_error() {
+  return ShutDown("the executor is shutting down and refuses new calls");
+}
 
 }  // namespace
 
 namespace detail {
 
 class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
+  // Stops counting a call when it leaves (null: not counted, or counted elsewhere).
+  struct Uncount {
+    CallCounter::Slot* slot;
+    ~Uncount() {
+      if (slot != nullptr) CallCounter::leave(slot);
+    }
+  };
+
  public:
   ExecutorImpl(std::shared_ptr<Store> store, ExecutorOptions options)
       : store_(std::move(store)),
         options_(std::move(options)),
         default_interval_(resolve_interval(options_.heartbeat, options_.lease)),
-        heartbeat_(*store_, options_.on_heartbeat_error),
+        events_(static_cast<bool>(options_.on_event)),
+        heartbeat_(*store_, options_.on_heartbeat_error, lease_handler()),
         shards_(std::make_unique<OwnerShard[]>(kOwnerShards)) {}
 
   Store& store() const noexcept { return *store_; }
@@ -251,14 +290,23 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   std::size_t waiting_duplicates() const noexcept {
     return waiting_.load(std::memory_order_relaxed);
   }
+  bool closing() const noexcept { return closing_.load(std::memory_order_acquire); }
 
   // Acquires, replays or waits as SPEC §5 and §7 say; an acquired lease comes back as a
-  // handle; `keep_alive` when the handle must keep the executor alive (Executor::begin).
+  // handle. `keep_alive`: the handle keeps the executor alive (Executor::begin); otherwise
+  // it is run()'s and stays counted as a call until it ends.
   BytesBegin begin(std::string_view scope, std::string_view key, const CallOptions& call_options,
                    bool keep_alive) {
     // SPEC §10: every input is checked before anything reaches the store.
     validate_scope(scope);
     validate_key(key);
+    const RecordRef record{scope, key};
+    // Counted from here until the call leaves (for run(), until its handle ends), so that
+    // shutdown knows when nobody uses the executor's state any more.
+    CallCounter::Slot* const slot = calls_.enter();
+    Uncount uncount{slot};
+    if (closing_.load(std::memory_order_relaxed)) throw shut_down_error();
+    const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
     const Call call = resolve(call_options);
     // The waiting bound counts from the first time the key is found busy, so a call that
     // never waits never reads the clock for it.
@@ -292,39 +340,51 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
           finish(*poller, OwnerState::kGone, nullptr);
           poller.reset();
         }
-        if (auto r = follow(*owner, call, bound())) return std::move(*r);
+        if (auto r = follow(*owner, call, bound(), record, started)) return std::move(*r);
         continue;
       }
       const auto sent = coarse_now();
       AcquireResult acquired =
-          guarded([&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); });
+          guarded([&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); },
+                  record);
       if (auto* replay = std::get_if<Replay>(&acquired)) {
-        check_fingerprint(replay->fingerprint, call.fingerprint);
+        check_fingerprint(replay->fingerprint, call.fingerprint, record);
         if (poller) {
           finish(*poller, OwnerState::kCompleted, &replay->payload);
           poller.reset();
         }
-        return BytesBegin(Result<std::string>{std::move(replay->payload), true});
+        if (events_) emit(EventKind::kReplayed, record, 0, 0, started);
+        BytesBegin out(std::in_place_index<0>);
+        Result<std::string>& r = *out.replay();
+        r.replayed = true;
+        r.completed_at = replay->completed_at;
+        r.expires_at = replay->expires_at;
+        r.value = std::move(replay->payload);
+        return out;
       }
       if (auto* a = std::get_if<Acquired>(&acquired)) {
-        return own(id, hash, *a, sent, call, poller, keep_alive);
+        if (!keep_alive) uncount.slot = nullptr;  // the handle keeps the count
+        return own(id, hash, *a, sent, call, poller, keep_alive ? nullptr : slot, started);
       }
       Busy& busy = std::get<Busy>(acquired);
-      check_fingerprint(busy.fingerprint, call.fingerprint);
+      check_fingerprint(busy.fingerprint, call.fingerprint, record);
       const auto owner_deadline =
           sent + std::chrono::duration_cast<SteadyClock::duration>(busy.lease_remaining);
       if (!poller) {
         // The owner may be a call of this process that registered after our lookup.
         if (auto owner = find_owner(id, hash, nullptr)) {
-          if (auto r = follow(*owner, call, bound())) return std::move(*r);
+          if (auto r = follow(*owner, call, bound(), record, started)) return std::move(*r);
           continue;
         }
       }
       const auto until = bound();
       const auto now = SteadyClock::now();
-      if (now >= until) return BytesBegin(std::move(busy));
+      if (now >= until || call.stop.stop_requested()) {
+        if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+        return BytesBegin(std::move(busy));
+      }
       if (poller) {
-        poller->hb.observe(owner_deadline, busy.lease_expires_at);
+        poller->observe(owner_deadline, busy.lease_expires_at);
       } else {
         auto candidate = std::make_shared<InFlight>(scope, key, hash, busy, call.lease,
                                                     call.interval, owner_deadline);
@@ -333,22 +393,37 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         poller = std::move(candidate);
       }
       // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
-      // time left) nor past the waiting bound.
+      // time left) nor past the waiting bound. A cancellation or a shutdown ends the sleep.
       const auto pause =
           std::min({jittered(backoff), SteadyClock::duration(busy.lease_remaining), until - now});
-      std::this_thread::sleep_for(pause);
+      {
+        std::unique_lock lock(sleep_mu_);
+        sleep_cv_.wait_for(lock, call.stop, pause, [&] { return closing(); });
+      }
+      if (closing()) throw shut_down_error();
       backoff = std::min(backoff * 2, call.wait.max_backoff);
     }
   }
 
   // Ends an owner by storing its result (AttemptHandle::complete).
   Result<std::string> complete(InFlight& owner, std::string&& bytes) {
-    heartbeat_.remove(owner.hb);
-    if (bytes.size() > options_.max_payload) {
+    // The last thing this function does is to stop counting run()'s call: after that the
+    // executor's state may go away.
+    Uncount uncount{owner.counted};
+    if (!heartbeat_.remove(owner)) {
+      // Only shutdown takes an open lease off the heartbeat behind its owner's back.
+      throw LeaseLost(owner.token(),
+                      "the executor shut down and released the lease before the result came; "
+                      "the result was not recorded",
+                      owner.record());
+    }
+    const std::size_t limit = options_.max_payload;
+    if (bytes.size() > limit) {
       // SPEC §10: refuse before the result is lost, and leave the key clean for a retry.
       release_quietly(owner);
+      if (events_) emit_for(EventKind::kReleased, owner, owner.started);
       finish(owner, OwnerState::kGone, nullptr);
-      throw PayloadTooLarge(bytes.size(), options_.max_payload);
+      throw PayloadTooLarge(bytes.size(), limit, owner.record());
     }
     WriteResult written;
     try {
@@ -358,47 +433,123 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       throw;
     }
     if (written == WriteResult::kFenced) {
+      const std::string why = fenced_reason(owner);
+      if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
       finish(owner, OwnerState::kGone, nullptr);
-      throw LeaseLost(owner.hb.token(),
-                      "the result was not recorded because another caller now owns the key");
+      throw LeaseLost(owner.token(), why, owner.record());
     }
+    if (events_) emit_for(EventKind::kRan, owner, owner.started);
     finish(owner, OwnerState::kCompleted, &bytes);
-    return Result<std::string>{std::move(bytes), false};
+    Result<std::string> r;
+    r.token = owner.token();
+    r.attempt = owner.attempt.number();
+    r.stolen = owner.attempt.stolen();
+    r.value = std::move(bytes);
+    return r;
   }
 
   // Ends an owner by giving the key up (AttemptHandle::release, or its destructor). SPEC
   // §5: stop the heartbeat, release best effort.
   void release(InFlight& owner) noexcept {
-    heartbeat_.remove(owner.hb);
+    Uncount uncount{owner.counted};
+    // False when shutdown released the lease already.
+    if (!heartbeat_.remove(owner)) return;
     release_quietly(owner);
+    if (events_) emit_for(EventKind::kReleased, owner, owner.started);
     finish(owner, OwnerState::kGone, nullptr);
   }
 
+  void shutdown(Duration timeout) noexcept {
+    std::lock_guard serial(shutdown_mu_);
+    if (shut_down_) return;
+    closing_.store(true, std::memory_order_seq_cst);
+    calls_.synchronize();
+    wake_waiters();
+    // Calls in flight and open handles get `timeout` to end on their own.
+    const auto give_up = SteadyClock::now() + timeout;
+    while (listed() + counted() > 0 && SteadyClock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    // Then their leases are released, so no key stays stuck, and their stop tokens are
+    // requested. Calls that were already past their acquire may still list a lease, so
+    // this goes on until no call is inside the executor's code: run()'s actions included,
+    // since they return into it.
+    for (;;) {
+      abandon_listed();
+      wake_waiters();
+      if (counted() == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    shut_down_ = true;
+  }
+
  private:
+  Heartbeat::LeaseHandler lease_handler() {
+    if (!events_) return nullptr;
+    return [this](const HeartbeatLease& lease, const std::exception* error) {
+      const auto& owner = static_cast<const InFlight&>(lease);
+      emit(error != nullptr ? EventKind::kHeartbeatError : EventKind::kLeaseLost, owner.record(),
+           owner.token(), owner.attempt.number(), owner.acquired_at, error);
+    };
+  }
+
+  void emit(EventKind kind, RecordRef record, Token token, std::uint32_t attempt,
+            SteadyClock::time_point since, const std::exception* error = nullptr) const noexcept {
+    try {
+      Event e;
+      e.kind = kind;
+      e.scope = record.scope;
+      e.key = record.key;
+      e.token = token;
+      e.attempt = attempt;
+      e.elapsed = std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - since);
+      e.error = error;
+      options_.on_event(e);
+    } catch (...) {
+      // The hook must not throw; if it does, the call goes on regardless.
+    }
+  }
+
+  void emit_for(EventKind kind, const InFlight& owner, SteadyClock::time_point since) const noexcept {
+    emit(kind, owner.record(), owner.token(), owner.attempt.number(), since);
+  }
+
   Call resolve(const CallOptions& c) const {
     // The executor's own options were validated once, at construction.
     const Duration lease = c.lease.value_or(options_.lease);
     if (c.lease) validate_duration("lease", lease);
     const Duration ttl = c.ttl.value_or(options_.ttl);
     if (c.ttl) validate_duration("ttl", ttl);
-    const Duration interval =
-        c.lease || c.heartbeat ? resolve_interval(c.heartbeat.value_or(options_.heartbeat), lease)
-                               : default_interval_;
+    Duration interval = default_interval_;
+    if (c.heartbeat) {
+      interval = resolve_interval(*c.heartbeat, lease);
+    } else if (c.lease) {
+      // The executor's interval, unless this call's lease is too short for it: then the
+      // call gets the default for its lease rather than an error about an option it never set.
+      interval = options_.heartbeat > Duration::zero() && options_.heartbeat < lease
+                     ? options_.heartbeat
+                     : resolve_interval(Duration::zero(), lease);
+    }
     const WaitPolicy& wait = c.wait ? *c.wait : options_.wait;
     if (c.wait) validate_wait(wait);
-    return Call{lease, interval, ttl, wait, c.fingerprint};
+    return Call{lease, interval, ttl, wait, c.fingerprint, c.stop_token};
   }
 
-  // Runs a store call, turning an exception that is not one of ours (a misbehaving store)
-  // into StoreUnavailable so the caller sees one family of errors.
+  // Runs a store call, turning a store's runtime failure that is not one of ours into
+  // StoreUnavailable so the caller sees one family of errors. Anything else (a
+  // std::logic_error is a bug, not an outage; std::bad_alloc) goes through unchanged.
   template <typename F>
-  auto guarded(F&& f) -> decltype(f()) {
+  [[gnu::always_inline]] auto guarded(F&& f, const RecordRef& record) -> decltype(f()) {
     try {
       return f();
+    } catch (const StoreUnavailable& e) {
+      // A store does not know which call it served: name the record here.
+      if (!e.key().empty()) throw;
+      throw StoreUnavailable(e.store(), e.reason(), record);
     } catch (const Error&) {
       throw;
-    } catch (const std::exception& e) {
-      throw StoreUnavailable(store_->describe(), e.what());
+    } catch (const std::runtime_error& e) {
+      throw StoreUnavailable(store_->describe(), e.what(), record);
     }
   }
 
@@ -473,25 +624,49 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     owner.cv.notify_all();
   }
 
+  // Wakes a duplicate waiting on an owner in memory when its call is cancelled.
+  struct WakeFollower {
+    InFlight* owner;
+    void operator()() const noexcept {
+      { std::lock_guard lock(owner->mu); }
+      owner->cv.notify_all();
+    }
+  };
+
   // Waits in memory on an in-process owner. Returns its result, a busy answer when the
-  // waiting bound runs out, or nullopt when the owner gave the key up and the caller should
-  // go back to the store.
+  // waiting bound runs out or the call is cancelled, or nullopt when the owner gave the key
+  // up and the caller should go back to the store.
   std::optional<BytesBegin> follow(InFlight& owner, const Call& call,
-                                   SteadyClock::time_point wait_deadline) const {
+                                   SteadyClock::time_point wait_deadline, RecordRef record,
+                                   SteadyClock::time_point started) const {
     struct Leave {
       InFlight& owner;
       ~Leave() { owner.waiters.fetch_sub(1, std::memory_order_relaxed); }
     } leave{owner};
     // SPEC §5: key reuse is detected against the in-process owner's fingerprint too.
-    check_fingerprint(owner.fingerprint, call.fingerprint);
+    check_fingerprint(owner.fingerprint, call.fingerprint, record);
+    // Registered before the lock: it runs at once if the call is cancelled already.
+    std::optional<std::stop_callback<WakeFollower>> wake;
+    if (call.stop.stop_possible()) wake.emplace(call.stop, WakeFollower{&owner});
     std::unique_lock lock(owner.mu);
     for (;;) {
       if (owner.state == OwnerState::kCompleted && owner.has_payload) {
-        return BytesBegin(Result<std::string>{owner.payload, true});
+        if (events_) emit(EventKind::kFollowed, record, owner.token(), owner.attempt.number(), started);
+        Result<std::string> r;
+        r.replayed = true;
+        r.token = owner.token();
+        r.attempt = owner.attempt.number();
+        r.stolen = owner.attempt.stolen();
+        r.value = owner.payload;
+        return BytesBegin(std::move(r));
       }
       if (owner.state != OwnerState::kRunning) return std::nullopt;
+      if (closing()) throw shut_down_error();
       const auto now = SteadyClock::now();
-      if (now >= wait_deadline) return BytesBegin(busy_of(owner, now));
+      if (now >= wait_deadline || call.stop.stop_requested()) {
+        if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+        return BytesBegin(busy_of(owner, now));
+      }
       waiting_.fetch_add(1, std::memory_order_relaxed);
       owner.cv.wait_until(lock, wait_deadline);
       waiting_.fetch_sub(1, std::memory_order_relaxed);
@@ -502,7 +677,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   // caller steals it.
   void release_quietly(const InFlight& owner) noexcept {
     try {
-      (void)store_->release(owner.hb.scope(), owner.hb.key(), owner.hb.token());
+      (void)store_->release(owner.scope(), owner.key(), owner.token());
     } catch (...) {
     }
   }
@@ -511,17 +686,40 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     Duration pause = kCompleteFirstRetry;
     for (;;) {
       try {
-        return guarded([&] {
-          return store_->complete(owner.hb.scope(), owner.hb.key(), owner.hb.token(), bytes,
-                                  owner.ttl);
-        });
+        return guarded(
+            [&] {
+              return store_->complete(owner.scope(), owner.key(), owner.token(), bytes, owner.ttl);
+            },
+            owner.record());
       } catch (const StoreUnavailable&) {
         // SPEC §4: a complete repeated with the same token changes nothing if the first
         // one did land, so it is safe to retry while the lease is ours by our own clock.
-        if (SteadyClock::now() + pause >= owner.hb.local_deadline()) throw;
+        if (SteadyClock::now() + pause >= owner.local_deadline()) throw;
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, kCompleteMaxRetry);
       }
+    }
+  }
+
+  // Why a complete was fenced, for the LeaseLost message: one read of the record tells a
+  // takeover from a deletion (a rare path, so the extra store call costs nothing).
+  std::string fenced_reason(const InFlight& owner) noexcept {
+    const std::string tail = "; the result was not recorded";
+    try {
+      const std::optional<Record> now = store_->get(owner.scope(), owner.key());
+      if (!now) {
+        return "the record was deleted (forgotten by an operator, or purged) while this call "
+               "held the lease" + tail;
+      }
+      if (now->state == RecordState::kInProgress) {
+        return "another caller took the key over (lease " + std::to_string(now->token) +
+               ", attempt " + std::to_string(now->attempt) + ") after this lease expired" + tail;
+      }
+      return "another caller (lease " + std::to_string(now->token) +
+             ") completed the key after this lease expired" + tail;
+    } catch (...) {
+      return "the store fenced the write: the lease expired and another caller took the key "
+             "over, or the record was deleted" + tail;
     }
   }
 
@@ -529,46 +727,110 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   // back as a handle.
   BytesBegin own(const IdView& id, std::size_t hash, const Acquired& acquired,
                  SteadyClock::time_point sent, const Call& call,
-                 std::shared_ptr<InFlight>& poller, bool keep_alive) {
+                 std::shared_ptr<InFlight>& poller, CallCounter::Slot* counted,
+                 SteadyClock::time_point started) {
     // SPEC §6: the local deadline is the send time plus the time left by the store's clock.
     const auto local_deadline =
         sent + std::chrono::duration_cast<SteadyClock::duration>(acquired.lease.lease_remaining);
     std::shared_ptr<InFlight> owner;
     try {
       owner = std::make_shared<InFlight>(id.scope, id.key, hash, acquired, call.lease,
-                                         call.interval, local_deadline, call.fingerprint, this,
-                                         call.ttl);
+                                         call.interval, sent, local_deadline, call.fingerprint,
+                                         this, call.ttl, started);
     } catch (...) {
-      // Nothing owns the lease yet: give it back before the error leaves.
+      // Nothing owns the lease yet: give it back before the error leaves, and stop
+      // counting the call that the handle would have counted.
       try {
         (void)store_->release(id.scope, id.key, acquired.lease.token);
       } catch (...) {
       }
+      if (counted != nullptr) CallCounter::leave(counted);
       throw;
     }
     InFlight& state = *owner;
+    state.counted = counted;
     // From here the handle owns the lease: whatever throws, its destructor releases it
     // (and takes the lease off the heartbeat, which counts it from the start of add()).
     BytesBegin begun(HandleKey(), std::move(owner),
-                     keep_alive ? shared_from_this() : std::shared_ptr<ExecutorImpl>());
+                     counted == nullptr ? shared_from_this() : std::shared_ptr<ExecutorImpl>());
     const std::shared_ptr<InFlight>& held = begun.handle()->state_;
-    heartbeat_.add(std::shared_ptr<HeartbeatLease>(held, &state.hb));
+    heartbeat_.add(held);
     register_owner(held);
+    if (call.stop.stop_possible()) state.cancel.emplace(call.stop, RequestStop{&state});
     if (poller) {
       // The duplicates that waited on this call's polling now wait on it as the owner.
       finish(*poller, OwnerState::kGone, nullptr);
       poller.reset();
     }
+    if (events_ && acquired.stolen) emit_for(EventKind::kStolen, state, started);
     return begun;
+  }
+
+  // --- shutdown ---
+
+  // Calls inside the executor's code (run()'s actions included).
+  std::int64_t counted() const noexcept { return calls_.total(); }
+
+  // Owners and pollers in the table.
+  std::size_t listed() const noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < kOwnerShards; ++i) {
+      n += shards_[i].count.load(std::memory_order_acquire);
+    }
+    return n;
+  }
+
+  // Wakes every call that waits (polling, or on an owner in memory) so that it sees the
+  // shutdown.
+  void wake_waiters() noexcept {
+    { std::lock_guard lock(sleep_mu_); }
+    sleep_cv_.notify_all();
+    for (const auto& owner : snapshot()) {
+      { std::lock_guard lock(owner->mu); }
+      owner->cv.notify_all();
+    }
+  }
+
+  std::vector<std::shared_ptr<InFlight>> snapshot() const {
+    std::vector<std::shared_ptr<InFlight>> all;
+    for (std::size_t i = 0; i < kOwnerShards; ++i) {
+      OwnerShard& s = shards_[i];
+      if (s.count.load(std::memory_order_acquire) == 0) continue;
+      std::lock_guard lock(s.mu);
+      all.insert(all.end(), s.owners.begin(), s.owners.end());
+    }
+    return all;
+  }
+
+  // Releases the lease of every owner still listed (a run()'s action still running, an
+  // open handle): its stop token is requested and its complete() will throw LeaseLost.
+  void abandon_listed() noexcept {
+    for (const auto& owner : snapshot()) {
+      if (!owner->owner()) continue;
+      owner->request_stop();
+      if (!heartbeat_.remove(*owner)) continue;  // ending on its own thread right now
+      release_quietly(*owner);
+      if (events_) emit_for(EventKind::kReleased, *owner, owner->started);
+      finish(*owner, OwnerState::kGone, nullptr);
+    }
   }
 
   std::shared_ptr<Store> store_;
   ExecutorOptions options_;
   Duration default_interval_;
+  const bool events_;
   // Declared after store_ so that it stops before the store can go away.
   detail::Heartbeat heartbeat_;
   std::unique_ptr<OwnerShard[]> shards_;
+  CallCounter calls_;
   mutable std::atomic<std::size_t> waiting_{0};
+  // Set once by shutdown; new calls are refused and waits end.
+  std::atomic<bool> closing_{false};
+  // Pollers sleep here between polls, so that shutdown can wake them.
+  std::mutex sleep_mu_;
+  std::condition_variable_any sleep_cv_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by shutdown_mu_
 };
 
 // --- AttemptCore ------------------------------------------------------------------------
@@ -587,22 +849,22 @@ AttemptCore& AttemptCore::operator=(AttemptCore&& other) noexcept {
   return *this;
 }
 
-bool AttemptCore::active() const noexcept {
-  return state_ != nullptr && !ended_;
-}
-
-InFlight& AttemptCore::state() const {
+const Attempt& AttemptCore::attempt() const {
   if (state_ == nullptr) {
     throw std::logic_error("idem::AttemptHandle: the handle is empty (moved from)");
   }
-  return *state_;
+  return state_->attempt;
 }
 
-const Attempt& AttemptCore::attempt() const { return state().attempt; }
+std::string_view AttemptCore::scope() const {
+  (void)attempt();  // throws on an empty handle
+  return state_->scope();
+}
 
-std::string_view AttemptCore::scope() const { return state().hb.scope(); }
-
-std::string_view AttemptCore::key() const { return state().hb.key(); }
+std::string_view AttemptCore::key() const {
+  (void)attempt();
+  return state_->key();
+}
 
 void AttemptCore::release() noexcept {
   if (state_ == nullptr || ended_) return;
@@ -611,16 +873,57 @@ void AttemptCore::release() noexcept {
 }
 
 Result<std::string> AttemptCore::complete_bytes(std::string bytes) {
-  InFlight& s = state();
+  (void)attempt();  // throws on an empty handle
   if (ended_) throw std::logic_error("idem::AttemptHandle: the handle has already ended");
   // Whatever complete does, it ends the lease.
   ended_ = true;
-  return s.exec->complete(s, std::move(bytes));
+  return state_->exec->complete(*state_, std::move(bytes));
+}
+
+void throw_decode_failed(std::string bytes, RecordRef record) {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    throw DecodeFailed(std::move(bytes), e.what(), record);
+  } catch (...) {
+    throw DecodeFailed(std::move(bytes), "the codec threw an exception that is not a std::exception",
+                       record);
+  }
 }
 
 }  // namespace detail
 
-// --- Executor ---------------------------------------------------------------------------
+// --- Attempt, Executor ------------------------------------------------------------------
+
+void Attempt::throw_if_lost() const {
+  if (!lease_lost()) return;
+  throw LeaseLost(token_,
+                  "the action stopped on a lost lease (fenced by the store, or not extended "
+                  "before its deadline); its result was not recorded",
+                  record_);
+}
+
+const char* to_string(EventKind kind) {
+  switch (kind) {
+    case EventKind::kRan:
+      return "ran";
+    case EventKind::kReplayed:
+      return "replayed";
+    case EventKind::kFollowed:
+      return "followed";
+    case EventKind::kInProgress:
+      return "in_progress";
+    case EventKind::kReleased:
+      return "released";
+    case EventKind::kStolen:
+      return "stolen";
+    case EventKind::kLeaseLost:
+      return "lease_lost";
+    case EventKind::kHeartbeatError:
+      return "heartbeat_error";
+  }
+  return "unknown";
+}
 
 Executor::Executor(std::shared_ptr<Store> store, ExecutorOptions options) {
   if (!store) throw InvalidArgument("store", "must not be null");
@@ -628,10 +931,27 @@ Executor::Executor(std::shared_ptr<Store> store, ExecutorOptions options) {
   impl_ = std::make_shared<detail::ExecutorImpl>(std::move(store), std::move(options));
 }
 
-Executor::~Executor() = default;
+Executor::~Executor() {
+  if (impl_) impl_->shutdown(impl_->options().shutdown_timeout);
+}
+
+Executor& Executor::operator=(Executor&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->shutdown(impl_->options().shutdown_timeout);
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+void Executor::shutdown(std::optional<Duration> timeout) {
+  if (impl_) impl_->shutdown(timeout.value_or(impl_->options().shutdown_timeout));
+}
+
+bool Executor::is_shut_down() const noexcept { return !impl_ || impl_->closing(); }
 
 BeginResult<std::string> Executor::begin_bytes(std::string_view scope, std::string_view key,
                                                const CallOptions& call, bool keep_alive) {
+  if (!impl_) throw ShutDown("the executor was moved from");
   return impl_->begin(scope, key, call, keep_alive);
 }
 
@@ -640,12 +960,26 @@ Executor::BytesResult Executor::run_bytes(std::string_view scope, std::string_vi
   return run<std::string>(scope, key, action, call);
 }
 
-Store& Executor::store() const noexcept { return impl_->store(); }
+namespace {
+[[noreturn]] void moved_from() {
+  throw std::logic_error("idem::Executor: used after it was moved from");
+}
+}  // namespace
 
-const ExecutorOptions& Executor::options() const noexcept { return impl_->options(); }
+Store& Executor::store() const {
+  if (!impl_) moved_from();
+  return impl_->store();
+}
 
-std::size_t Executor::active_leases() const { return impl_->active_leases(); }
+const ExecutorOptions& Executor::options() const {
+  if (!impl_) moved_from();
+  return impl_->options();
+}
 
-std::size_t Executor::waiting_duplicates() const { return impl_->waiting_duplicates(); }
+std::size_t Executor::active_leases() const { return impl_ ? impl_->active_leases() : 0; }
+
+std::size_t Executor::waiting_duplicates() const {
+  return impl_ ? impl_->waiting_duplicates() : 0;
+}
 
 }  // namespace idem

@@ -73,8 +73,13 @@ void HeartbeatLease::observe(SteadyClock::time_point local_deadline,
                              std::memory_order_release);
 }
 
-Heartbeat::Heartbeat(Store& store, ErrorHandler on_error)
-    : store_(store), on_error_(std::move(on_error)) {}
+void HeartbeatLease::lose() noexcept {
+  lost_.store(true, std::memory_order_release);
+  stop_.request_stop();
+}
+
+Heartbeat::Heartbeat(Store& store, ErrorHandler on_error, LeaseHandler on_lease)
+    : store_(store), on_error_(std::move(on_error)), on_lease_(std::move(on_lease)) {}
 
 Heartbeat::~Heartbeat() {
   {
@@ -107,11 +112,11 @@ void Heartbeat::add(std::shared_ptr<HeartbeatLease> lease) {
   if (wake) cv_.notify_one();
 }
 
-void Heartbeat::remove(HeartbeatLease& lease) noexcept {
+bool Heartbeat::remove(HeartbeatLease& lease) noexcept {
   Item taken{};
   {
     std::lock_guard lock(mu_);
-    if (lease.removed_.load(std::memory_order_relaxed)) return;
+    if (lease.removed_.load(std::memory_order_relaxed)) return false;
     lease.removed_.store(true, std::memory_order_release);
     active_.fetch_sub(1, std::memory_order_relaxed);
     // A lease in the heap leaves it now. One being extended is not in the heap: the thread
@@ -120,6 +125,7 @@ void Heartbeat::remove(HeartbeatLease& lease) noexcept {
   }
   // `taken` drops the heap's reference here, outside the lock; the owner usually still
   // holds its own, so the lease is freed on the owner's thread.
+  return true;
 }
 
 void Heartbeat::place(std::size_t slot, Item item) noexcept {
@@ -183,6 +189,20 @@ void Heartbeat::report(const std::exception& e) noexcept {
   }
 }
 
+void Heartbeat::report(const HeartbeatLease& lease, const std::exception* error) noexcept {
+  if (!on_lease_) return;
+  try {
+    on_lease_(lease, error);
+  } catch (...) {
+    // As above: the thread carries on regardless.
+  }
+}
+
+void Heartbeat::lose(HeartbeatLease& lease) noexcept {
+  lease.lose();
+  report(lease, nullptr);
+}
+
 void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& requests,
                      std::vector<std::size_t>& sent_for) {
   // Leases removed while they waited in the batch are not extended.
@@ -205,8 +225,15 @@ void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& reque
     results = store_.extend_many(requests);
   } catch (const std::exception& e) {
     report(e);
+    if (on_lease_) {
+      for (const std::size_t i : sent_for) report(*batch[i].lease, &e);
+    }
   } catch (...) {
-    report(std::runtime_error("the store threw an exception that is not a std::exception"));
+    const std::runtime_error e("the store threw an exception that is not a std::exception");
+    report(e);
+    if (on_lease_) {
+      for (const std::size_t i : sent_for) report(*batch[i].lease, &e);
+    }
   }
   if (results.empty()) {
     for (const std::size_t i : sent_for) retry_after_error(batch[i]);
@@ -219,7 +246,7 @@ void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& reque
     const ExtendResult& r = results[n];
     if (!r.done()) {
       // Fenced: somebody stole or deleted the record; the action should stop.
-      lease.stop_.request_stop();
+      lose(lease);
       continue;
     }
     const auto remaining = std::chrono::duration_cast<SteadyClock::duration>(r.lease_remaining);
@@ -242,7 +269,7 @@ void Heartbeat::retry_after_error(Item& item) {
   const auto now = SteadyClock::now();
   const auto deadline = lease.local_deadline();
   if (now >= deadline) {
-    lease.stop_.request_stop();
+    lose(lease);
     return;
   }
   const Duration retry = std::clamp(lease.interval_ / 4, kMinRetry, kMaxRetry);

@@ -39,9 +39,8 @@ using SteadyClock = std::chrono::steady_clock;
 // counted from it errs on the early, safe side.
 SteadyClock::time_point coarse_now() noexcept;
 
-// One lease the heartbeat keeps alive. The owner creates it (it may live inside a larger
-// object: Heartbeat::add takes an aliasing shared_ptr), registers it with add() and
-// unregisters it with remove().
+// One lease the heartbeat keeps alive. The owner creates it (the executor derives its
+// per-call state from it), registers it with add() and unregisters it with remove().
 class HeartbeatLease {
  public:
   // `local_deadline` is the steady time the acquire was sent plus the lease time left that
@@ -61,9 +60,13 @@ class HeartbeatLease {
   Duration lease() const noexcept { return lease_; }
   Duration interval() const noexcept { return interval_; }
 
-  // Requested when the lease is lost.
+  // Requested when the lease is lost, and by request_stop().
   std::stop_token stop_token() const noexcept { return stop_.get_token(); }
-  bool lost() const noexcept { return stop_.stop_requested(); }
+  // Asks the lease's holder to stop without the lease being lost (a cancellation).
+  void request_stop() noexcept { stop_.request_stop(); }
+  // Whether the heartbeat found the lease lost (fenced, or unextended past its deadline).
+  bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+  const std::atomic<bool>& lost_flag() const noexcept { return lost_; }
 
   // The local deadline after the last successful extend (or the acquire).
   SteadyClock::time_point local_deadline() const noexcept;
@@ -82,7 +85,11 @@ class HeartbeatLease {
   Token token_;
   Duration lease_;
   Duration interval_;
+  // Marks the lease lost, then requests its stop token.
+  void lose() noexcept;
+
   std::stop_source stop_;
+  std::atomic<bool> lost_{false};
   // Set once by Heartbeat::remove (under the heartbeat's lock); a lease being extended when
   // it is removed is dropped by the thread when the store call returns.
   std::atomic<bool> removed_{false};
@@ -99,10 +106,14 @@ class HeartbeatLease {
 class Heartbeat {
  public:
   using ErrorHandler = std::function<void(const std::exception&)>;
+  // `error` is the store's error for a failed extend of `lease`, or null when `lease` was
+  // found lost.
+  using LeaseHandler = std::function<void(const HeartbeatLease& lease, const std::exception* error)>;
 
   // `store` must outlive the heartbeat. `on_error` is called on the heartbeat thread for
-  // each failed extend; it must not throw (if it does, the exception is swallowed).
-  Heartbeat(Store& store, ErrorHandler on_error);
+  // each failed store call, `on_lease` for each lease that call concerned and for each
+  // lease found lost. They must not throw (if they do, the exception is swallowed).
+  Heartbeat(Store& store, ErrorHandler on_error, LeaseHandler on_lease = nullptr);
   // Stops the thread, waiting for a store call in progress to return.
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
@@ -112,8 +123,9 @@ class Heartbeat {
   // the thread on first use.
   void add(std::shared_ptr<HeartbeatLease> lease);
   // Stops keeping `lease` alive. Never blocks on the store: an extend in flight for this
-  // or any other lease finishes on its own and its outcome is ignored. Idempotent.
-  void remove(HeartbeatLease& lease) noexcept;
+  // or any other lease finishes on its own and its outcome is ignored. Idempotent: returns
+  // whether this call removed it (false when it had been removed already).
+  bool remove(HeartbeatLease& lease) noexcept;
   // Leases added and not yet removed (lost ones included until they are removed).
   std::size_t active() const noexcept { return active_.load(std::memory_order_relaxed); }
   // Whether the thread was started (for tests).
@@ -133,6 +145,8 @@ class Heartbeat {
   // After a failed extend: the next try, or the lease lost once its local deadline passed.
   void retry_after_error(Item& item);
   void report(const std::exception& e) noexcept;
+  void report(const HeartbeatLease& lease, const std::exception* error) noexcept;
+  void lose(HeartbeatLease& lease) noexcept;
   // The indexed heap's moves, guarded by mu_: every move records the item's new slot.
   void place(std::size_t slot, Item item) noexcept;
   void sift_up(std::size_t slot, Item item) noexcept;
@@ -143,6 +157,7 @@ class Heartbeat {
 
   Store& store_;
   ErrorHandler on_error_;
+  LeaseHandler on_lease_;
   std::atomic<std::size_t> active_{0};
 
   mutable std::mutex mu_;

@@ -264,17 +264,6 @@ TEST_F(AttemptHandleTest, MoveAssigningOverAnOpenHandleReleasesItsLease) {
   EXPECT_EQ(memory_->get("s", "b")->payload, "v");
 }
 
-TEST_F(AttemptHandleTest, OpenHandleKeepsTheExecutorStateAlive) {
-  AttemptHandle<> handle;
-  {
-    Executor exec(store_);
-    handle = acquire(exec, "s", "k");
-  }
-  EXPECT_TRUE(handle.active());
-  EXPECT_EQ(handle.complete("after the executor").value, "after the executor");
-  EXPECT_EQ(memory_->get("s", "k")->payload, "after the executor");
-}
-
 // --- typed handles ----------------------------------------------------------------------
 
 struct Receipt {

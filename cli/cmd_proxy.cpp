@@ -1,0 +1,207 @@
+// `idem proxy`: an Idempotency-Key reverse proxy in front of an HTTP service (SPEC §13,
+// docs/proxy.md). This file turns options into a ProxyOptions; the HTTP side lives in
+// cli/proxy/.
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "common.h"
+#include "proxy/options.h"
+#include "proxy/server.h"
+
+namespace idem::cli {
+namespace {
+
+constexpr const char* kName = "proxy";
+
+struct ProxyArgs {
+  std::string listen;
+  std::string upstream;
+  std::string store;
+  std::string methods = "POST,PATCH";
+  bool require_key = false;
+  std::string scope;
+  std::string scope_header;
+  bool no_credential_scope = false;
+  std::vector<std::string> credential_cookies;
+  std::vector<std::string> fingerprint_headers;
+  std::string release_status = "5xx";
+  std::string lease = "30s";
+  std::string ttl = "24h";
+  std::string wait = "0s";
+  std::string max_request_body = "1MiB";
+  std::string max_header = "16KiB";
+  std::string max_record = "1MiB";
+  std::string max_response_body = "64MiB";
+  std::string client_timeout = "30s";
+  std::string idle_timeout = "60s";
+  std::string upstream_timeout = "60s";
+  std::string connect_timeout = "5s";
+  std::string upstream_idle = "4s";
+  std::string drain_timeout = "30s";
+  unsigned threads = 2;
+  unsigned store_threads = 4;
+  std::size_t max_connections = 10'000;
+  std::size_t upstream_connections = 64;
+  bool access_log = false;
+};
+
+template <typename F>
+auto option_value(std::string_view option, F&& parse) {
+  try {
+    return parse();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string(option), e.what());
+  }
+}
+
+std::size_t size_option(std::string_view option, const std::string& text, std::size_t limit) {
+  std::optional<std::size_t> size = parse_size(text);
+  if (!size || *size == 0) {
+    throw UsageError(std::string(option),
+                     fmt::format("'{}' is not a byte count above 0 (e.g. 65536, 64KiB, 1MiB)",
+                                 printable(text)));
+  }
+  if (*size > limit) {
+    throw UsageError(std::string(option), fmt::format("at most {} bytes", limit));
+  }
+  return *size;
+}
+
+proxy::ProxyOptions to_options(const ProxyArgs& a) {
+  proxy::ProxyOptions o;
+  option_value("--listen", [&] { proxy::parse_listen(a.listen, o); });
+  option_value("--upstream", [&] { proxy::parse_upstream(a.upstream, o); });
+  o.methods = option_value("--methods", [&] { return proxy::parse_methods(a.methods); });
+  o.release_statuses =
+      option_value("--release-status", [&] { return proxy::parse_statuses(a.release_status); });
+  o.require_key = a.require_key;
+  if (a.scope.size() > kMaxScopeBytes) throw UsageError("--scope", "at most 255 bytes");
+  o.fixed_scope = a.scope;
+  o.scope_header = a.scope_header;
+  o.credential_scope = !a.no_credential_scope;
+  o.credential_cookies = a.credential_cookies;
+  o.fingerprint_headers = a.fingerprint_headers;
+  o.lease = duration_option("--lease", a.lease, false);
+  o.ttl = duration_option("--ttl", a.ttl, false);
+  o.wait = duration_option("--wait", a.wait, true);
+  o.max_request_body = size_option("--max-request-body", a.max_request_body, kMaxPayloadBytes);
+  o.max_request_header = size_option("--max-header", a.max_header, 1024 * 1024);
+  o.max_record = size_option("--max-record", a.max_record, kMaxPayloadBytes);
+  o.max_response_body = size_option("--max-response-body", a.max_response_body,
+                                    std::size_t{1} << 30);
+  o.client_timeout = duration_option("--client-timeout", a.client_timeout, false);
+  o.idle_timeout = duration_option("--idle-timeout", a.idle_timeout, false);
+  o.upstream_timeout = duration_option("--upstream-timeout", a.upstream_timeout, false);
+  o.connect_timeout = duration_option("--connect-timeout", a.connect_timeout, false);
+  o.upstream_idle = duration_option("--upstream-idle", a.upstream_idle, false);
+  o.drain_timeout = duration_option("--drain-timeout", a.drain_timeout, false);
+  if (a.threads == 0) throw UsageError("--threads", "must be at least 1");
+  if (a.max_connections == 0) throw UsageError("--max-connections", "must be at least 1");
+  if (a.upstream_connections == 0) throw UsageError("--upstream-connections", "must be at least 1");
+  o.io_threads = a.threads;
+  o.store_threads = a.store_threads;
+  o.max_connections = a.max_connections;
+  o.upstream_connections = a.upstream_connections;
+  o.access_log = a.access_log;
+  return o;
+}
+
+int run_proxy(const ProxyArgs& args) {
+  proxy::ProxyOptions options = to_options(args);
+  proxy::Server server(options, open_cli_store(args.store),
+                       [](const std::string& line) { print_error(kName, line); });
+  try {
+    server.run();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--upstream", e.what());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_proxy_command(CLI::App& parent) {
+  auto a = std::make_shared<ProxyArgs>();
+  CLI::App* app = parent.add_subcommand(
+      kName,
+      "An HTTP reverse proxy that runs each request with an Idempotency-Key at most once "
+      "and replays its recorded answer to duplicates (docs/proxy.md)");
+  auto opt = [&](const char* name, std::string& value, const char* help) {
+    return app->add_option(name, value, help)->capture_default_str();
+  };
+  opt("--listen", a->listen, "Address and port to listen on (ADDR:PORT; port 0: any)")
+      ->required()
+      ->type_name("ADDR:PORT");
+  opt("--upstream", a->upstream, "The service behind the proxy")
+      ->required()
+      ->type_name("http://HOST:PORT");
+  add_store_option(*app, a->store);
+  opt("--methods", a->methods, "Methods whose keyed requests go through idem")->type_name("LIST");
+  app->add_flag("--require-key", a->require_key,
+                "Answer 400 to a request of those methods without an Idempotency-Key");
+  opt("--scope", a->scope, "A fixed scope instead of METHOD PATH")->type_name("S");
+  opt("--scope-header", a->scope_header, "A request header whose value leads the scope (a tenant)")
+      ->type_name("NAME");
+  app->add_flag("--no-credential-scope", a->no_credential_scope,
+                "Leave the caller's credentials (Authorization, cookies) out of the scope");
+  app->add_option("--credential-cookie", a->credential_cookies,
+                  "A cookie that identifies the caller when there is no Authorization header "
+                  "(repeatable)")
+      ->type_name("NAME");
+  app->add_option("--fingerprint-header", a->fingerprint_headers,
+                  "A request header that joins the fingerprint (repeatable)")
+      ->type_name("NAME");
+  opt("--release-status", a->release_status,
+      "Upstream statuses that release the record instead of recording it (5xx, 429, 500-503, "
+      "none)")
+      ->type_name("LIST");
+  opt("--lease", a->lease, "How long a request holds its key without a heartbeat")
+      ->type_name("DURATION");
+  opt("--ttl", a->ttl, "How long a recorded answer is replayed")->type_name("DURATION");
+  opt("--wait", a->wait, "How long a duplicate waits for the first request's answer (0: 409)")
+      ->type_name("DURATION");
+  opt("--max-request-body", a->max_request_body, "Largest request body (413 above)")
+      ->type_name("BYTES");
+  opt("--max-header", a->max_header, "Largest request header block (431 above)")
+      ->type_name("BYTES");
+  opt("--max-record", a->max_record,
+      "Largest recorded answer (larger ones pass through once, unrecorded)")
+      ->type_name("BYTES");
+  opt("--max-response-body", a->max_response_body, "Largest upstream answer passed (502 above)")
+      ->type_name("BYTES");
+  opt("--client-timeout", a->client_timeout, "Reading a request, writing an answer")
+      ->type_name("DURATION");
+  opt("--idle-timeout", a->idle_timeout, "A kept-alive client connection between requests")
+      ->type_name("DURATION");
+  opt("--upstream-timeout", a->upstream_timeout, "One upstream exchange, queueing included")
+      ->type_name("DURATION");
+  opt("--connect-timeout", a->connect_timeout, "Connecting to the upstream")->type_name("DURATION");
+  opt("--upstream-idle", a->upstream_idle, "How long an idle upstream connection is kept")
+      ->type_name("DURATION");
+  opt("--drain-timeout", a->drain_timeout,
+      "On SIGTERM, how long requests in flight get to finish")
+      ->type_name("DURATION");
+  app->add_option("--threads", a->threads, "I/O threads")->capture_default_str()->type_name("N");
+  app->add_option("--store-threads", a->store_threads, "Threads making store calls (0: the I/O threads make them)")
+      ->capture_default_str()
+      ->type_name("N");
+  app->add_option("--max-connections", a->max_connections, "Most client connections at once")
+      ->capture_default_str()
+      ->type_name("N");
+  app->add_option("--upstream-connections", a->upstream_connections,
+                  "Most upstream connections at once")
+      ->capture_default_str()
+      ->type_name("N");
+  app->add_flag("--access-log", a->access_log, "Log one line per request on stderr");
+  app->footer("Durations: 250ms, 30s, 5m. Sizes: 65536, 64KiB, 1MiB. See docs/proxy.md.");
+  return Command{app, [a] { return run_proxy(*a); }};
+}
+
+}  // namespace idem::cli

@@ -1,0 +1,667 @@
+// End-to-end tests of `idem proxy` (SPEC §13, docs/proxy.md): the built `idem` binary runs as
+// a proxy process between real clients (Beast's client, curl) and a real upstream process
+// (idem_test_upstream) that logs every request it executes. Tests that need a store shared
+// by several processes run once per store: SQLite always, PostgreSQL and Redis when this
+// build includes them and IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set (with
+// IDEM_REQUIRE_SERVERS=1 a missing URL fails the run). Every key is unique to its test, so a
+// shared server needs no cleaning between tests.
+//
+// No assertion depends on timing: requests that must stay in flight wait on a gate in the
+// upstream, and the tests wait for conditions (a request reaching the upstream, a line in
+// the proxy's log, a process ending).
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "idem/open_store.h"
+#include "idem/store.h"
+#include "support/server_stores.h"
+
+namespace idem::proxy::test {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::Optional;
+
+constexpr const char* kProblemJson = "application/problem+json";
+
+class ProxyTest : public ::testing::Test {
+ protected:
+  ProxyTest() : upstream_(dir_.path()) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    prefix_ = std::to_string(::getpid()) + "-" + info->name() + "-";
+    for (char& c : prefix_) {
+      if (c == '/') c = '.';
+    }
+  }
+
+  ~ProxyTest() override {
+    // A failing test shows what the proxies and the upstream said (a sanitizer's report
+    // included) before their directory goes.
+    if (!HasFailure()) return;
+    for (const auto& entry : fs::directory_iterator(dir_.path())) {
+      if (entry.path().extension() == ".err") {
+        std::cerr << "---- " << entry.path().filename().string() << "\n" << read_file(entry.path());
+      }
+    }
+  }
+
+  virtual std::string store_url() { return "sqlite://" + (dir_ / "idem.db").string(); }
+
+  std::unique_ptr<ProxyProcess> start_proxy(const std::vector<std::string>& options = {},
+                                            const std::string& name = "proxy") {
+    return std::make_unique<ProxyProcess>(dir_.path(), name, upstream_.url(), store_url(), options);
+  }
+
+  // A key no other test (or run, on a shared server) uses.
+  std::string key(const std::string& name) const { return prefix_ + name; }
+
+  // Sends POST /pay with key `k` from a thread of its own, held in the upstream on the gate
+  // named `k`; returns once the upstream has it. `out` gets the answer when the gate opens
+  // (or whatever else ends the request).
+  std::thread send_gated(std::uint16_t port, const std::string& k, Reply& out) {
+    std::thread client([port, k, &out] {
+      out = request(port, "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+    });
+    if (!upstream_.wait_for(k, 1)) ADD_FAILURE() << "the request did not reach the upstream";
+    return client;
+  }
+
+  std::optional<Record> record(const std::string& scope, const std::string& k) {
+    return open_store(store_url())->get(scope, k);
+  }
+
+  ScratchDir dir_;
+  Upstream upstream_;
+  std::string prefix_;
+};
+
+// ---------------------------------------------------------------------------------------
+// On every store.
+
+struct StoreCase {
+  std::string name;
+  std::string url;  // empty: an SQLite file in the test's directory
+};
+
+void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<StoreCase> stores() {
+  std::vector<StoreCase> out = {{"sqlite", ""}};
+  for (const auto& [name, url] : idem::testing::server_store_urls()) out.push_back({name, url});
+  return out;
+}
+
+class ProxyStoreTest : public ProxyTest, public ::testing::WithParamInterface<StoreCase> {
+ protected:
+  std::string store_url() override {
+    return GetParam().url.empty() ? ProxyTest::store_url() : GetParam().url;
+  }
+};
+
+TEST_P(ProxyStoreTest, FirstRequestIsForwardedWithFencingHeadersAndItsAnswerIsReplayed) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  // A client cannot forge the fencing headers: the proxy replaces them.
+  Headers headers = {{"Idempotency-Key", k}, {"Idempotency-Token", "999999"},
+                     {"Idempotency-Attempt", "7"}};
+  Reply first = request(proxy->port(), "POST", "/pay", headers, "amount=10");
+  ASSERT_EQ(first.status, 200u) << first.error << first.body;
+  EXPECT_FALSE(first.replayed());
+  EXPECT_EQ(first.count("Idempotent-Replayed"), 0);
+
+  std::optional<Record> stored = record("POST /pay", k);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->state, RecordState::kComplete);
+  const std::string token = std::to_string(stored->token);
+  EXPECT_THAT(first.body, AllOf(HasSubstr("token=" + token + " "), HasSubstr("attempt=1 "),
+                                HasSubstr("stolen=false ")));
+
+  Reply replay = request(proxy->port(), "POST", "/pay", headers, "amount=10");
+  ASSERT_EQ(replay.status, 200u) << replay.error;
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(replay.body, first.body);
+  EXPECT_EQ(replay.header("X-Execution"), first.header("X-Execution"));
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_P(ProxyStoreTest, ServerErrorReleasesTheKeyAndARetryRunsAgain) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply failed = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Status", "503"}});
+  EXPECT_EQ(failed.status, 503u) << failed.error;
+  EXPECT_FALSE(failed.replayed());
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+
+  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u) << retry.error;
+  EXPECT_FALSE(retry.replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+  Reply replay = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(replay.body, retry.body);
+}
+
+TEST_P(ProxyStoreTest, DuplicateInFlightGets409WithRetryAfter) {
+  auto proxy = start_proxy({"--lease", "20s"});
+  const std::string k = key("k");
+  Reply first;
+  std::thread owner = send_gated(proxy->port(), k, first);
+
+  Reply dup = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(dup.status, 409u) << dup.error;
+  EXPECT_THAT(dup.header("Content-Type"), Optional(std::string(kProblemJson)));
+  EXPECT_THAT(dup.body, HasSubstr("\"code\":\"in-progress\""));
+  ASSERT_TRUE(dup.header("Retry-After").has_value());
+  const int retry_after = std::stoi(*dup.header("Retry-After"));
+  EXPECT_GE(retry_after, 1);
+  EXPECT_LE(retry_after, 20);
+
+  upstream_.open_gate(k);
+  owner.join();
+  EXPECT_EQ(first.status, 200u) << first.error;
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_P(ProxyStoreTest, TwoProxiesOnOneStoreRaceOneKeyAndItRunsOnce) {
+  auto a = start_proxy({"--wait", "60s"}, "a");
+  auto b = start_proxy({"--wait", "60s"}, "b");
+  const std::string k = key("k");
+  constexpr int kClients = 10;
+  std::vector<Reply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    const std::uint16_t port = i % 2 == 0 ? a->port() : b->port();
+    clients.emplace_back([&, i, port] {
+      replies[static_cast<std::size_t>(i)] = request(
+          port, "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}}, "same body");
+    });
+  }
+  ASSERT_TRUE(upstream_.wait_for(k, 1));
+  upstream_.open_gate(k);
+  for (auto& t : clients) t.join();
+
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+  int originals = 0;
+  for (const Reply& r : replies) {
+    EXPECT_EQ(r.status, 200u) << r.error << r.body;
+    EXPECT_EQ(r.body, replies[0].body);
+    originals += r.replayed() ? 0 : 1;
+  }
+  EXPECT_EQ(originals, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, ProxyStoreTest, ::testing::ValuesIn(stores()),
+                         [](const ::testing::TestParamInfo<StoreCase>& info) {
+                           return info.param.name;
+                         });
+
+// ---------------------------------------------------------------------------------------
+// Concurrency, on SQLite.
+
+TEST_F(ProxyTest, FiftyConcurrentClientsWithOneKeyRunItOnceAndTheOthersGet409) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  constexpr int kClients = 50;
+  std::vector<Reply> replies(kClients);
+  std::atomic<int> answered{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      replies[static_cast<std::size_t>(i)] =
+          request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+      ++answered;
+    });
+  }
+  // Every client but the one whose request holds the key is answered while the gate is shut.
+  ASSERT_TRUE(eventually([&] { return answered.load() == kClients - 1; }));
+  upstream_.open_gate(k);
+  for (auto& t : clients) t.join();
+
+  int ok = 0, conflicts = 0;
+  for (const Reply& r : replies) {
+    if (r.status == 200) {
+      ++ok;
+      EXPECT_FALSE(r.replayed());
+    } else {
+      EXPECT_EQ(r.status, 409u) << r.error << r.body;
+      EXPECT_TRUE(r.header("Retry-After").has_value());
+      ++conflicts;
+    }
+  }
+  EXPECT_EQ(ok, 1);
+  EXPECT_EQ(conflicts, kClients - 1);
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, FiftyConcurrentClientsWithWaitAllGetTheRecordedAnswer) {
+  auto proxy = start_proxy({"--wait", "60s"});
+  const std::string k = key("k");
+  constexpr int kClients = 50;
+  std::vector<Reply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      replies[static_cast<std::size_t>(i)] =
+          request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+    });
+  }
+  ASSERT_TRUE(upstream_.wait_for(k, 1));
+  // Clients that arrive after the gate opens get a plain replay; the answers are the same
+  // either way, so opening it early only makes the test weaker, never wrong.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  upstream_.open_gate(k);
+  for (auto& t : clients) t.join();
+
+  int originals = 0;
+  for (const Reply& r : replies) {
+    EXPECT_EQ(r.status, 200u) << r.error << r.body;
+    EXPECT_EQ(r.body, replies[0].body);
+    originals += r.replayed() ? 0 : 1;
+  }
+  EXPECT_EQ(originals, 1);
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// What is recorded and replayed.
+
+TEST_F(ProxyTest, ReplayOfABinaryBodyIsByteExactThroughCurl) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  std::vector<std::string> args = {"-X", "POST", "-H", "Idempotency-Key: \"" + k + "\"", "-H",
+                                   "X-Test-Body-Size: 300000", "--data-binary", "payload"};
+  Reply first = curl(dir_.path(), proxy->url() + "/blob", args);
+  ASSERT_EQ(first.status, 200u) << first.error;
+  EXPECT_EQ(first.body, binary_body(300000));
+
+  Reply replay = curl(dir_.path(), proxy->url() + "/blob", args);
+  ASSERT_EQ(replay.status, 200u) << replay.error;
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(replay.body.size(), first.body.size());
+  EXPECT_TRUE(replay.body == first.body) << "the replayed body differs";
+  EXPECT_EQ(replay.header("Content-Type"), std::string("application/octet-stream"));
+  // The structured-field string's quotes are not part of the key.
+  EXPECT_TRUE(record("POST /blob", k).has_value());
+  EXPECT_EQ(upstream_.executions_of("\"" + k + "\""), 1);
+}
+
+TEST_F(ProxyTest, HopByHopHeadersAreNeitherPassedOnNorReplayed) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Headers headers = {{"Idempotency-Key", k}, {"X-Test-Hop", "1"}};
+  Reply first = request(proxy->port(), "POST", "/hop", headers);
+  Reply replay = request(proxy->port(), "POST", "/hop", headers);
+  for (const Reply* r : {&first, &replay}) {
+    EXPECT_EQ(r->status, 200u) << r->error;
+    EXPECT_EQ(r->header("X-End-To-End"), std::string("kept"));
+    EXPECT_FALSE(r->header("X-Hop-Secret").has_value());
+    EXPECT_FALSE(r->header("Keep-Alive").has_value());
+  }
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, ChunkedUpstreamAnswerIsRecordedAndReplayed) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Headers headers = {{"Idempotency-Key", k}, {"X-Test-Chunked", "1"}};
+  Reply first = request(proxy->port(), "POST", "/chunks", headers);
+  ASSERT_EQ(first.status, 200u) << first.error;
+  EXPECT_THAT(first.body, HasSubstr("execution="));
+  Reply replay = request(proxy->port(), "POST", "/chunks", headers);
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(replay.body, first.body);
+  EXPECT_FALSE(replay.header("Transfer-Encoding").has_value());
+  EXPECT_EQ(replay.header("Content-Length"), std::to_string(first.body.size()));
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, AnswerLargerThanTheRecordLimitPassesThroughOnceUnrecorded) {
+  auto proxy = start_proxy({"--max-record", "64KiB"});
+  const std::string k = key("k");
+  Headers headers = {{"Idempotency-Key", k}, {"X-Test-Body-Size", "200000"}};
+  Reply first = request(proxy->port(), "POST", "/big", headers);
+  ASSERT_EQ(first.status, 200u) << first.error;
+  EXPECT_EQ(first.body, binary_body(200000));
+  EXPECT_EQ(first.header("Idempotency-Not-Recorded"), std::string("too-large"));
+  EXPECT_FALSE(record("POST /big", k).has_value());
+  Reply again = request(proxy->port(), "POST", "/big", headers);
+  EXPECT_FALSE(again.replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Failures release the key.
+
+TEST_F(ProxyTest, UpstreamKilledMidRequestReleasesTheKey) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply first;
+  std::thread client = send_gated(proxy->port(), k, first);
+  upstream_.kill();
+  client.join();
+  EXPECT_EQ(first.status, 502u) << first.error;
+  EXPECT_THAT(first.body, HasSubstr("\"code\":\"upstream-broken\""));
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+
+  // Back up: the retry runs.
+  upstream_.restart();
+  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u) << retry.error << retry.body;
+  EXPECT_FALSE(retry.replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+}
+
+TEST_F(ProxyTest, UpstreamDroppingTheConnectionReleasesTheKey) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply dropped = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Drop", "1"}});
+  EXPECT_EQ(dropped.status, 502u) << dropped.error;
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u);
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+}
+
+TEST_F(ProxyTest, UpstreamDownAnswers502AndReleases) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  upstream_.kill();
+  Reply down = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(down.status, 502u) << down.error;
+  EXPECT_THAT(down.body, HasSubstr("\"code\":\"upstream-unreachable\""));
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+}
+
+TEST_F(ProxyTest, UpstreamTimeoutAnswers504AndReleases) {
+  auto proxy = start_proxy({"--upstream-timeout", "300ms"});
+  const std::string k = key("k");
+  Reply slow = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+  EXPECT_EQ(slow.status, 504u) << slow.error;
+  EXPECT_THAT(slow.body, HasSubstr("\"code\":\"upstream-timeout\""));
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+  upstream_.open_gate(k);
+  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u) << retry.error;
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+}
+
+TEST_F(ProxyTest, LeaseLostWhileTheUpstreamWorksIsAnsweredUnrecorded) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply first;
+  std::thread client = send_gated(proxy->port(), k, first);
+  // An operator forgets the record while the upstream works: the proxy's lease is gone.
+  ASSERT_TRUE(open_store(store_url())->forget("POST /pay", k));
+  upstream_.open_gate(k);
+  client.join();
+  EXPECT_EQ(first.status, 200u) << first.error;
+  EXPECT_EQ(first.header("Idempotency-Not-Recorded"), std::string("lease-lost"));
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+}
+
+TEST_F(ProxyTest, AProxyThatDiedLeavesItsKeyToBeTakenOverWithAStolenAttempt) {
+  auto doomed = start_proxy({"--lease", "1s"}, "doomed");
+  auto survivor = start_proxy({"--wait", "60s"}, "survivor");
+  const std::string k = key("k");
+  Reply lost;
+  std::thread client = send_gated(doomed->port(), k, lost);
+  doomed->signal(SIGKILL);
+  client.join();
+  EXPECT_NE(lost.error, "");  // the client saw its connection die
+
+  // The retry waits out the dead proxy's lease, then takes the key over.
+  Reply retry = request(survivor->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u) << retry.error;
+  EXPECT_THAT(retry.body, AllOf(HasSubstr("attempt=2 "), HasSubstr("stolen=true ")));
+  std::optional<Record> stored = record("POST /pay", k);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->state, RecordState::kComplete);
+  EXPECT_THAT(retry.body, HasSubstr("token=" + std::to_string(stored->token) + " "));
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+  upstream_.open_gate(k);
+}
+
+// ---------------------------------------------------------------------------------------
+// Refusals.
+
+TEST_F(ProxyTest, SameKeyWithADifferentBodyIs422) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply first = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "amount=10");
+  ASSERT_EQ(first.status, 200u);
+  Reply changed = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "amount=99");
+  EXPECT_EQ(changed.status, 422u);
+  EXPECT_THAT(changed.header("Content-Type"), Optional(std::string(kProblemJson)));
+  EXPECT_THAT(changed.body, HasSubstr("\"code\":\"key-reuse\""));
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, MalformedKeysAre400) {
+  auto proxy = start_proxy();
+  Client client(proxy->port());
+  const std::vector<Headers> bad = {
+      {{"Idempotency-Key", "\"\""}},
+      {{"Idempotency-Key", std::string(1025, 'k')}},
+      {{"Idempotency-Key", "\"unterminated"}},
+      {{"Idempotency-Key", "\"a\" junk"}},
+      {{"Idempotency-Key", "\"bad\\escape\""}},
+      {{"Idempotency-Key", "one"}, {"Idempotency-Key", "two"}},
+  };
+  for (const Headers& headers : bad) {
+    Reply r = client.send("POST", "/pay", headers);
+    EXPECT_EQ(r.status, 400u) << headers.back().second;
+    EXPECT_THAT(r.body, HasSubstr("\"code\":\"bad-key\""));
+  }
+  // A key of exactly 1024 bytes is fine.
+  Reply longest = client.send("POST", "/pay", {{"Idempotency-Key", std::string(1024, 'k')}});
+  EXPECT_EQ(longest.status, 200u);
+  EXPECT_EQ(upstream_.executions().size(), 1u);
+}
+
+TEST_F(ProxyTest, MissingKeyPassesThroughUnlessRequired) {
+  auto open = start_proxy({}, "open");
+  EXPECT_EQ(request(open->port(), "POST", "/pay").status, 200u);
+  EXPECT_EQ(request(open->port(), "POST", "/pay").status, 200u);
+  EXPECT_EQ(upstream_.executions().size(), 2u);
+
+  auto strict = start_proxy({"--require-key"}, "strict");
+  Reply refused = request(strict->port(), "POST", "/pay");
+  EXPECT_EQ(refused.status, 400u);
+  EXPECT_THAT(refused.body, HasSubstr("\"code\":\"missing-key\""));
+  EXPECT_EQ(request(strict->port(), "GET", "/pay").status, 200u);
+  EXPECT_EQ(upstream_.executions().size(), 3u);
+}
+
+TEST_F(ProxyTest, OtherMethodsPassThroughEvenWithAKey) {
+  auto proxy = start_proxy({"--methods", "post"});
+  const std::string k = key("k");
+  for (const char* method : {"GET", "PUT", "PATCH", "PATCH"}) {
+    Reply r = request(proxy->port(), method, "/thing", {{"Idempotency-Key", k}}, "x");
+    EXPECT_EQ(r.status, 200u) << method;
+    EXPECT_FALSE(r.replayed());
+  }
+  EXPECT_EQ(upstream_.executions_of(k), 4);
+}
+
+TEST_F(ProxyTest, RequestBodyOverTheLimitIs413) {
+  auto proxy = start_proxy({"--max-request-body", "1KiB"});
+  Reply r = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("k")}},
+                    std::string(4096, 'x'));
+  EXPECT_EQ(r.status, 413u) << r.error;
+  EXPECT_TRUE(upstream_.executions().empty());
+}
+
+// An SQLite write lock held by another connection: the store cannot be written within its
+// busy timeout, which the proxy must treat as the store being unavailable.
+class SqliteWriteLock {
+ public:
+  explicit SqliteWriteLock(const std::string& path) {
+    if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK ||
+        sqlite3_exec(db_, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      throw std::runtime_error(std::string("cannot lock ") + path + ": " + sqlite3_errmsg(db_));
+    }
+  }
+  ~SqliteWriteLock() {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    sqlite3_close(db_);
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+class ProxyStoreDownTest : public ProxyTest {
+ protected:
+  std::string store_url() override {
+    return "sqlite://" + (dir_ / "idem.db").string() + "?busy_timeout=100";
+  }
+};
+
+TEST_F(ProxyStoreDownTest, StoreDownAnswers503WithoutCallingTheUpstream) {
+  auto proxy = start_proxy();
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("warm")}}).status,
+            200u);
+  {
+    SqliteWriteLock lock((dir_ / "idem.db").string());
+    const std::string k = key("k");
+    Reply r = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+    EXPECT_EQ(r.status, 503u) << r.error << r.body;
+    EXPECT_THAT(r.body, HasSubstr("\"code\":\"store-unavailable\""));
+    EXPECT_TRUE(r.header("Retry-After").has_value());
+    EXPECT_EQ(upstream_.executions_of(k), 0);
+    // Requests that need no store still pass.
+    EXPECT_EQ(request(proxy->port(), "GET", "/health").status, 200u);
+  }
+  Reply after = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("k")}});
+  EXPECT_EQ(after.status, 200u);
+}
+
+// ---------------------------------------------------------------------------------------
+// Identity.
+
+TEST_F(ProxyTest, CredentialsKeepClientsApart) {
+  auto proxy = start_proxy({"--credential-cookie", "session"});
+  const std::string k = key("k");
+  auto as = [&](const Headers& who) {
+    Headers h = who;
+    h.emplace_back("Idempotency-Key", k);
+    return request(proxy->port(), "POST", "/pay", h);
+  };
+  Reply alice = as({{"Authorization", "Bearer alice"}});
+  Reply bob = as({{"Authorization", "Bearer bob"}});
+  Reply cookie_c = as({{"Cookie", "theme=dark; session=carol"}});
+  Reply anonymous = as({});
+  for (const Reply* r : {&alice, &bob, &cookie_c, &anonymous}) {
+    EXPECT_EQ(r->status, 200u);
+    EXPECT_FALSE(r->replayed());
+  }
+  EXPECT_EQ(upstream_.executions_of(k), 4);
+  EXPECT_TRUE(as({{"Authorization", "Bearer alice"}}).replayed());
+  // The same session cookie is the same caller, whatever else the Cookie header holds.
+  EXPECT_TRUE(as({{"Cookie", "session=carol; theme=light"}}).replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 4);
+}
+
+// ---------------------------------------------------------------------------------------
+// Connections, restarts and shutdown.
+
+TEST_F(ProxyTest, KeepAliveOnBothSides) {
+  auto proxy = start_proxy();
+  Client client(proxy->port());
+  for (int i = 0; i < 20; ++i) {
+    const std::string k = key(std::to_string(i % 5));
+    Reply r = i % 3 == 0 ? client.send("GET", "/ping") : client.send("POST", "/pay", {{"Idempotency-Key", k}});
+    ASSERT_EQ(r.status, 200u) << i << r.error;
+    ASSERT_FALSE(client.closed()) << i;
+  }
+  // One client connection, sequential requests: the proxy reused one upstream connection.
+  std::vector<std::string> connections;
+  for (const auto& line : upstream_.executions()) connections.push_back(line.back());
+  std::sort(connections.begin(), connections.end());
+  connections.erase(std::unique(connections.begin(), connections.end()), connections.end());
+  EXPECT_EQ(connections.size(), 1u);
+}
+
+TEST_F(ProxyTest, ExpectContinueIsAnsweredAndTheBodyForwarded) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  std::vector<std::string> args = {"-X", "POST", "-H", "Idempotency-Key: " + k, "-H",
+                                   "Expect: 100-continue", "--data-binary",
+                                   std::string(5000, 'b')};
+  Reply r = curl(dir_.path(), proxy->url() + "/upload", args);
+  ASSERT_EQ(r.status, 200u) << r.error;
+  EXPECT_THAT(r.body, HasSubstr("body=5000"));
+  EXPECT_TRUE(curl(dir_.path(), proxy->url() + "/upload", args).replayed());
+}
+
+TEST_F(ProxyTest, RecordsSurviveAProxyRestart) {
+  const std::string k = key("k");
+  Reply first;
+  {
+    auto proxy = start_proxy({}, "before");
+    first = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "body");
+    ASSERT_EQ(first.status, 200u);
+    proxy->signal(SIGTERM);
+    EXPECT_EQ(proxy->wait(), 0);
+  }
+  auto proxy = start_proxy({}, "after");
+  Reply replay = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "body");
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(replay.body, first.body);
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, SigtermFinishesTheRequestInFlightAndStopsAccepting) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  Reply first;
+  std::thread client = send_gated(proxy->port(), k, first);
+  proxy->signal(SIGTERM);
+  ASSERT_TRUE(eventually([&] { return proxy->logged("SIGTERM: stopped accepting"); }));
+  EXPECT_TRUE(refuses_connections(proxy->port()));
+
+  upstream_.open_gate(k);
+  client.join();
+  EXPECT_EQ(first.status, 200u) << first.error;
+  EXPECT_EQ(first.header("Connection"), std::string("close"));
+  EXPECT_EQ(proxy->wait(), 0);
+  std::optional<Record> stored = record("POST /pay", k);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->state, RecordState::kComplete);
+}
+
+TEST_F(ProxyTest, SigtermReleasesWhatCannotFinishInTime) {
+  auto proxy = start_proxy({"--drain-timeout", "300ms"});
+  const std::string k = key("k");
+  Reply first;
+  std::thread client = send_gated(proxy->port(), k, first);
+  proxy->signal(SIGTERM);
+  client.join();
+  EXPECT_EQ(first.status, 503u) << first.error;
+  EXPECT_THAT(first.body, HasSubstr("\"code\":\"shutting-down\""));
+  EXPECT_EQ(proxy->wait(), 0);
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+  upstream_.open_gate(k);
+}
+
+}  // namespace
+}  // namespace idem::proxy::test

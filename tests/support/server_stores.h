@@ -1,0 +1,47 @@
+#pragma once
+
+// The server stores a test runs on besides the embedded ones: each store this build
+// includes whose server the test script started (IDEM_TEST_POSTGRES_URL,
+// IDEM_TEST_REDIS_URL). With IDEM_REQUIRE_SERVERS=1 a built store whose URL is missing
+// throws, so the run fails instead of leaving that store's cases out.
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "idem/open_store.h"
+
+namespace idem::testing {
+
+// (name, URL) pairs, e.g. {"postgres", "postgresql://..."}.
+inline std::vector<std::pair<std::string, std::string>> server_store_urls() {
+  struct Server {
+    const char* name;
+    const char* scheme;
+    const char* env;
+  };
+  static constexpr Server kServers[] = {{"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL"},
+                                        {"redis", "redis", "IDEM_TEST_REDIS_URL"}};
+  const std::vector<std::string> built = idem::available_schemes();
+  const char* required = std::getenv("IDEM_REQUIRE_SERVERS");
+  const bool require = required != nullptr && std::string(required) == "1";
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Server& s : kServers) {
+    if (std::find(built.begin(), built.end(), s.scheme) == built.end()) continue;
+    const char* url = std::getenv(s.env);
+    if (url == nullptr || *url == '\0') {
+      if (require) {
+        throw std::runtime_error(std::string("IDEM_REQUIRE_SERVERS=1 but ") + s.env +
+                                 " is not set");
+      }
+      continue;
+    }
+    out.emplace_back(s.name, url);
+  }
+  return out;
+}
+
+}  // namespace idem::testing
