@@ -41,6 +41,7 @@
 #include "idem/store_wrapper.h"
 #include "idem/stores/postgres_store.h"
 #include "stores/postgres/postgres_sql.h"
+#include "taking_turns.h"
 
 namespace {
 
@@ -275,26 +276,9 @@ BENCHMARK(BM_StoreReplay)->ArgName("sync")->Arg(1)->Arg(0)->Threads(1)->Threads(
 
 // The machine these figures come from is shared, and its load moves by a factor of two
 // within a minute. So besides the runs above, raw and store also take turns in slices of
-// 250 ms (IDEM_BENCH_SLICES each, default 2), so both see the same machine, and the ratio
-// comes from the same minutes.
-template <typename Op>
-std::pair<long, double> slice(int threads, const Op& op) {
-  std::atomic<bool> stop{false};
-  std::atomic<long> done{0};
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> workers;
-  for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&, t] {
-      long n = 0;
-      while (!stop.load(std::memory_order_relaxed)) op(t, n++);
-      done += n;
-    });
-  }
-  std::this_thread::sleep_for(250ms);
-  stop = true;
-  for (auto& w : workers) w.join();
-  return {done.load(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-}
+// 250 ms (taking_turns.h; IDEM_BENCH_SLICES each, default 2), so both see the same
+// machine, and the ratio comes from the same minutes.
+using idem::bench::slice;
 
 // Arguments: fresh (1) or replay (0); synchronous_commit on (1) or off (0); 1 caller (0) or
 // 16 callers against 8 raw connections (1).

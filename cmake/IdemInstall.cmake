@@ -13,6 +13,8 @@ install(EXPORT idemTargets NAMESPACE idem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/
 
 # The package config looks for a store's dependency only when that store was built.
 get_property(IDEM_STORE_PACKAGES GLOBAL PROPERTY IDEM_STORE_PACKAGES)
+# pkg-config modules as PREFIX=module (hiredis has no CMake package on Debian 12).
+get_property(IDEM_STORE_PKG_MODULES GLOBAL PROPERTY IDEM_STORE_PKG_MODULES)
 configure_package_config_file(cmake/idemConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/idemConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
@@ -34,6 +36,10 @@ set(_pc_requires "")
 if("SQLite3" IN_LIST IDEM_STORE_PACKAGES)
   string(APPEND _pc_requires " sqlite3")
 endif()
+foreach(_m IN LISTS IDEM_STORE_PKG_MODULES)
+  string(REGEX REPLACE "^[^=]*=" "" _m "${_m}")
+  string(APPEND _pc_requires " ${_m}")
+endforeach()
 set(_pc_libs "-lidem")
 foreach(t IN LISTS _targets)
   string(APPEND _pc_libs " -l${t}")

@@ -6,7 +6,8 @@
 //   sqlite:///absolute/path.db[?synchronous=normal|full]
 //   sqlite:relative/path.db
 //   postgresql://user@host:port/db?...        (when built with PostgreSQL)
-//   redis://host:port/db                      (when built with Redis)
+//   redis://[user:password@]host:port/db[?options]   (when built with Redis;
+//   unix:///path/redis.sock[?db=N&options]            see stores/redis_store.h)
 //
 // An unknown scheme, a malformed URL, a store this build does not include or an unreachable
 // server throws idem::InvalidArgument or idem::StoreUnavailable naming what is wrong.

@@ -1,7 +1,7 @@
-// A worker process for the multi-process tests of the shared stores (SQLite, PostgreSQL),
-// driven through support/worker_process.h. It opens the store from a URL and runs keys
-// through idem::Executor (or calls the store directly), reporting what it saw one line per
-// event, so the test can check the processes together.
+// A worker process for the multi-process tests of the shared stores (SQLite, PostgreSQL,
+// Redis), driven through support/worker_process.h. It opens the store from a URL and runs
+// keys through idem::Executor (or calls the store directly), reporting what it saw one line
+// per event, so the test can check the processes together.
 //
 //   race URL WORKER KEYS START_MS OUT_FILE
 //       Runs keys k0..k<KEYS-1> (starting at k<WORKER*7 % KEYS>, so workers overlap) after

@@ -14,8 +14,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -164,6 +165,17 @@ inline void wait_for_lease_expiry(Store& store, std::string_view scope, std::str
   FAIL() << "the lease never expired";
 }
 
+// Waits until the record's TTL has passed by the store's clock, or a store with native
+// expiry (Redis) has dropped it.
+inline void wait_for_record_expiry(Store& store, std::string_view scope, std::string_view key) {
+  for (int i = 0; i < kWorkerTimeoutMs / 20; ++i) {
+    std::optional<Record> r = store.get(scope, key);
+    if (!r || r->expires_at <= r->now) return;
+    std::this_thread::sleep_for(20ms);
+  }
+  FAIL() << "the record never expired";
+}
+
 // The end of the paused-owner test of every shared store: `owner` ("hold" on key "job") is
 // stopped and its lease has passed. A thief steals the key and completes it with
 // "new-owner"; then the owner continues, finishes, and its complete is fenced (SPEC §4).
@@ -249,6 +261,97 @@ inline std::map<std::string, std::string> run_race(const std::string& url, int w
   std::map<std::string, std::string> ran = check_race_outputs(outputs, keys);
   for (const std::string& f : outputs) std::remove(f.c_str());
   return ran;
+}
+
+// --- clock skew: callers under faketime, hours ahead and behind ---
+
+struct Skewed {
+  std::vector<std::string> prefix;
+  long long offset_ms;
+};
+
+inline const Skewed kAhead{{"faketime", "-f", "+5h"}, 5LL * 3600 * 1000};
+inline const Skewed kBehind{{"faketime", "-f", "-5h"}, -5LL * 3600 * 1000};
+
+inline long long wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Runs the worker under a shifted clock and returns its answer line, after checking that
+// its clock really was shifted.
+inline std::string run_skewed(const Skewed& skew, const std::vector<std::string>& args) {
+  const long long before = wall_ms();
+  Worker w(args, skew.prefix);
+  std::string line = w.read_line();
+  if (args.front() == "acquire") {
+    EXPECT_THAT(line, ::testing::StartsWith("clock "));
+    const long long seen = std::stoll(line.substr(6)) - before;
+    // Within an hour of the intended shift (the worker starts within seconds).
+    EXPECT_LT(std::llabs(seen - skew.offset_ms), 3600LL * 1000) << "faketime did not shift";
+    line = w.read_line();
+  }
+  EXPECT_EQ(w.wait(), 0);
+  return line;
+}
+
+// The clock-skew test of every server store, on key "k" of scope "mp" at `url`: callers
+// five hours ahead and behind (faketime) agree on the busy answer, the steal, fencing, the
+// replay and the expiry, because only the store's clock judges them.
+inline void check_callers_hours_apart_agree(const std::string& url, Store& store) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "faketime preloads a library, which a sanitizer runtime refuses";
+#endif
+  // The worker's steady clock stays true: only the wall clock is shifted.
+  ASSERT_EQ(::setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1), 0);
+  constexpr int kLease = 1500;
+  std::istringstream first(
+      run_skewed(kAhead, {"acquire", url, "k", std::to_string(kLease), "3600000"}));
+  std::string what;
+  Token ahead_token = 0;
+  first >> what >> ahead_token;
+  ASSERT_EQ(what, "acquired");
+
+  // Five hours behind, the lease is still live, with at most its length left.
+  std::istringstream busy(run_skewed(kBehind, {"acquire", url, "k", "60000", "3600000"}));
+  long long remaining = -1;
+  busy >> what >> remaining;
+  EXPECT_EQ(what, "busy");
+  EXPECT_GT(remaining, 0);
+  EXPECT_LE(remaining, kLease);
+
+  // Once the server says the lease passed, the caller behind steals it.
+  wait_for_lease_expiry(store, "mp", "k");
+  std::istringstream steal(run_skewed(kBehind, {"acquire", url, "k", "60000", "3600000"}));
+  Token behind_token = 0;
+  int attempt = 0;
+  int stolen = 0;
+  steal >> what >> behind_token >> attempt >> stolen >> remaining;
+  ASSERT_EQ(what, "acquired");
+  EXPECT_EQ(attempt, 2);
+  EXPECT_EQ(stolen, 1);
+  EXPECT_GT(behind_token, ahead_token);
+  EXPECT_GT(remaining, 0);
+  EXPECT_LE(remaining, 60000);
+
+  // The caller ahead is fenced; the thief completes with a short TTL.
+  EXPECT_EQ(run_skewed(kAhead, {"complete", url, "k", std::to_string(ahead_token), "ahead", "1500"}),
+            "fenced");
+  EXPECT_EQ(
+      run_skewed(kBehind, {"complete", url, "k", std::to_string(behind_token), "behind", "1500"}),
+      "done");
+  // Five hours ahead, the result has not expired: the server says so.
+  EXPECT_EQ(run_skewed(kAhead, {"acquire", url, "k", "60000", "3600000"}), "replay behind");
+
+  // Once it expired by the server's clock, the caller five hours behind starts afresh.
+  wait_for_record_expiry(store, "mp", "k");
+  std::istringstream fresh(run_skewed(kBehind, {"acquire", url, "k", "60000", "3600000"}));
+  fresh >> what >> behind_token >> attempt >> stolen;
+  EXPECT_EQ(what, "acquired");
+  EXPECT_EQ(attempt, 1);
+  EXPECT_EQ(stolen, 0);
+  ::unsetenv("FAKETIME_DONT_FAKE_MONOTONIC");
 }
 
 }  // namespace idem::testing

@@ -1,0 +1,109 @@
+#pragma once
+
+// The Redis store: shared by many machines, expiry by the server's clock, records dropped by
+// the server itself (native expiry). Opened by
+//
+//   redis://[user:password@]host[:port][/db][?options]
+//   unix://[user:password@]/path/to/redis.sock[?db=N&options]
+//
+// (see open_store.h and docs/stores/redis.md). Needs Redis 6.2 or later. Tokens increase
+// strictly per key (SPEC §2) but are not unique across keys.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "idem/store.h"
+
+namespace idem {
+
+// How acquire looks for a stored result (docs/stores/redis.md, "Replays: script or GET").
+enum class RedisReplayPath {
+  // One script call whatever the key holds: every acquire is one round trip.
+  kScript,
+  // A plain GET first; a live COMPLETE record replays from it (cheaper for the server), and
+  // anything else then runs the acquire script: a fresh key pays a second round trip.
+  kGet,
+};
+
+struct RedisStoreOptions {
+  // The server over TCP. Unused when `socket` is set.
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  // A unix socket path; when not empty, the store connects to it instead of host:port.
+  std::string socket;
+  // AUTH: an ACL user and its password. No password: no AUTH. A password alone
+  // authenticates as the default user.
+  std::string user;
+  std::string password;
+  // The logical database (SELECT). Redis Cluster has only database 0.
+  int db = 0;
+  // Prepended to every key the store writes; any bytes but '{' and '}' (each record's
+  // key carries exactly one hash tag, its own). Give each application its own prefix.
+  std::string prefix = "idem:";
+  // Connections shared by every caller of the store, each with one I/O loop that pipelines
+  // the calls queued while its previous round trip was in flight. At least 1.
+  std::size_t connections = 2;
+  // How long a call waits for its reply (or the connection) before failing with
+  // StoreUnavailable. A sent call that timed out may or may not have taken effect.
+  Duration timeout{5000};
+  // How long opening a connection may take.
+  Duration connect_timeout{2000};
+  // After each acquire and complete that wrote, wait until this many replicas have the
+  // write (WAIT), up to wait_timeout; fewer in time fails the call with StoreUnavailable
+  // (an acquire's lease is then released). 0: do not wait.
+  int wait_replicas = 0;
+  Duration wait_timeout{1000};
+  // See RedisReplayPath.
+  RedisReplayPath replay = RedisReplayPath::kScript;
+  // Never write: get() and acquires answered without a write (replay, busy) work; anything
+  // else throws StoreUnavailable. Only the read-only script is loaded.
+  bool read_only = false;
+};
+
+// Counters of a store's connections, for metrics and tests.
+struct RedisStats {
+  // Writes to the server, each carrying one or more commands, and their replies.
+  std::uint64_t round_trips = 0;
+  std::uint64_t commands = 0;
+  // Connections re-established after they broke.
+  std::uint64_t reconnects = 0;
+  // Commands the server had lost the script for (NOSCRIPT), sent again with the script.
+  std::uint64_t script_reloads = 0;
+  // Calls waiting right now for their connection's next round trip.
+  std::size_t queued = 0;
+};
+
+class RedisStore final : public Store {
+ public:
+  // Connects every connection and loads the scripts. Throws InvalidArgument for bad
+  // options and StoreUnavailable naming the server and the cause (refused, timed out,
+  // authentication failed, ...) when it cannot.
+  explicit RedisStore(RedisStoreOptions options);
+  ~RedisStore() override;
+
+  // "redis://user:***@host:port/db" or "unix:///path.sock?db=N": never the password.
+  std::string describe() const override;
+  RedisStats stats() const;
+
+ protected:
+  AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                           Duration ttl, std::optional<std::string_view> fingerprint) override;
+  WriteResult do_complete(std::string_view scope, std::string_view key, Token token,
+                          std::string_view payload, Duration ttl) override;
+  WriteResult do_release(std::string_view scope, std::string_view key, Token token) override;
+  ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
+                         Duration lease) override;
+  std::vector<ExtendResult> do_extend_many(std::span<const ExtendRequest> requests) override;
+  // Returns 0 at once: the server drops each record when SPEC §4 allows (native expiry).
+  std::size_t do_purge(std::size_t limit) override;
+  std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
+  bool do_forget(std::string_view scope, std::string_view key) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem

@@ -1,0 +1,181 @@
+#pragma once
+
+// Connections to one Redis server, shared by every caller of a store, with automatic
+// pipelining (docs/stores/redis.md, "Connections and pipelining").
+//
+// A Connection is one hiredis context and one I/O loop (a thread). A caller hands it a
+// Call (one or more formatted commands) and waits. When the connection is idle the caller
+// makes the round trip itself, on its own thread, so a lone caller pays no thread hand-off;
+// while a round trip is in flight, calls queue, and the loop sends everything queued as one
+// write when that round trip ends, then matches the replies to the calls in order. Each
+// call has a deadline; the socket has the same timeout, so a stuck server breaks the
+// connection instead of hanging it. A broken connection fails only the calls that were on
+// it and reconnects in the background, first at once and then with exponential backoff;
+// while it is down a Pool routes calls to its other connections.
+
+#include <hiredis/hiredis.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "idem/types.h"
+#include "stores/redis/redis_scripts.h"
+
+namespace idem::redis {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const noexcept { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct ContextDeleter {
+  void operator()(redisContext* c) const noexcept { redisFree(c); }
+};
+using Context = std::unique_ptr<redisContext, ContextDeleter>;
+
+// The SHA1 of each script, as the server names it (SCRIPT LOAD's answer).
+using ScriptShas = std::array<std::string, kScriptCount>;
+
+struct ConnectionSettings {
+  std::string host;    // TCP, when socket is empty
+  int port = 6379;
+  std::string socket;  // a unix socket path
+  std::string user;
+  std::string password;
+  int db = 0;
+  Duration connect_timeout{2000};
+  // The socket's read and write timeout: a call's timeout, plus the WAIT timeout when the
+  // store waits for replicas.
+  Duration io_timeout{5000};
+  // Scripts loaded on every (re)connection, so EVALSHA finds them after a server restart.
+  std::vector<ScriptId> scripts;
+  // "WAIT n ms", sent after a batch holding a call that asks for it; empty: never.
+  std::string wait_command;
+};
+
+// One request: one or more commands and, once done, their replies in order.
+class Call {
+ public:
+  std::string request;      // RESP-formatted commands
+  std::size_t commands = 0;  // how many replies the request expects
+  bool wait_replicas = false;
+
+  // Valid after Connection::execute returned without an error.
+  std::vector<Reply> replies;
+  long long replicas_acked = -1;  // WAIT's answer, when wait_replicas
+  // Empty on success; otherwise why the call failed (and that its outcome is unknown when
+  // the request was sent).
+  std::string error;
+
+ private:
+  friend class Connection;
+  enum class State { kQueued, kSent, kDone, kAbandoned };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kQueued;
+};
+
+struct ConnectionStats {
+  std::uint64_t round_trips = 0;
+  std::uint64_t commands = 0;
+  std::uint64_t reconnects = 0;
+  std::size_t queued = 0;
+};
+
+class Connection {
+ public:
+  explicit Connection(const ConnectionSettings& settings);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Connects in the calling thread (before start()). Returns the reason it failed, empty on
+  // success; fills `shas` from SCRIPT LOAD.
+  std::string connect_now(ScriptShas* shas);
+  // Starts the I/O loop.
+  void start();
+
+  // Sends `call` in the next round trip and waits until it is answered, fails or reaches
+  // `deadline`; call->error says which. REQUIRES: the call is not reused.
+  void execute(const std::shared_ptr<Call>& call, SteadyClock::time_point deadline,
+               Duration timeout);
+
+  // Whether the connection is established right now.
+  bool up() const noexcept { return up_.load(std::memory_order_acquire); }
+  // Calls in execute() right now (in flight or queued): the pool's measure of load.
+  int load() const noexcept { return load_.load(std::memory_order_relaxed); }
+  // Why the last connection attempt or round trip failed.
+  std::string last_error() const;
+  ConnectionStats stats() const;
+
+ private:
+  Context handshake(std::string& error, ScriptShas* shas) const;
+  // Sends the batch as one write and completes each call from its replies; returns the
+  // reason the connection broke, empty when it did not. REQUIRES: busy_ held by the caller.
+  std::string round_trip(std::vector<std::shared_ptr<Call>>& batch);
+  void loop();
+  // Hands a call its outcome and wakes its caller, unless the caller gave up on it.
+  static void finish(Call& call, std::vector<Reply>&& replies, long long acked,
+                     std::string error);
+  void fail_queued(const std::string& reason);  // REQUIRES: mu_ held
+  void broke(const std::string& reason);        // REQUIRES: mu_ held
+
+  const ConnectionSettings& settings_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Context ctx_;           // used only by whoever holds busy_; replaced under mu_
+  bool busy_ = false;     // a round trip is in flight (the loop's or a caller's)
+  bool stop_ = false;
+  std::vector<std::shared_ptr<Call>> queue_;
+  std::string last_error_;
+  SteadyClock::time_point next_attempt_{};
+  Duration backoff_{0};
+  std::atomic<bool> up_{false};
+  std::atomic<int> load_{0};
+  std::atomic<std::uint64_t> round_trips_{0};
+  std::atomic<std::uint64_t> commands_{0};
+  std::atomic<std::uint64_t> reconnects_{0};
+  std::thread thread_;
+};
+
+// A few connections; each call goes to the least loaded one that is up (the first of
+// equals in round-robin order), so a call finds an idle connection whenever there is one.
+class Pool {
+ public:
+  Pool(ConnectionSettings settings, std::size_t connections, std::string store_name);
+  ~Pool();
+
+  // Connects every connection; throws StoreUnavailable with the first failure.
+  void connect(ScriptShas* shas);
+
+  // Runs `call` on one connection; throws StoreUnavailable naming the store and the cause.
+  void execute(const std::shared_ptr<Call>& call, Duration timeout);
+
+  ConnectionStats stats() const;
+  const std::string& store_name() const noexcept { return store_name_; }
+
+ private:
+  ConnectionSettings settings_;
+  std::string store_name_;
+  std::vector<std::unique_ptr<Connection>> connections_;
+  std::atomic<std::size_t> next_{0};
+};
+
+// "<cause>: <server's message>" for an error reply, naming what it means for the caller
+// (authentication, ACL, memory, replica, cluster).
+std::string explain_server_error(std::string_view message);
+
+}  // namespace idem::redis

@@ -1,0 +1,508 @@
+#include "idem/stores/redis_store.h"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "idem/error.h"
+#include "idem/open_store.h"
+#include "stores/redis/redis_connection.h"
+#include "stores/redis/redis_layout.h"
+#include "stores/redis/redis_scripts.h"
+
+namespace idem {
+namespace {
+
+using redis::Call;
+using redis::CommandWriter;
+using redis::Reply;
+using redis::ScriptId;
+
+constexpr std::size_t kMaxConnections = 64;
+
+Timestamp at_ms(std::int64_t ms) { return Timestamp(Duration(ms)); }
+
+std::string token_text(Token token) {
+  char digits[24];
+  auto [end, ec] = std::to_chars(digits, digits + sizeof digits, token);
+  (void)ec;
+  return std::string(digits, end);
+}
+
+std::string_view text_of(const redisReply& r) { return {r.str, r.len}; }
+
+bool is_error(const Reply& r, std::string_view code) {
+  return r->type == REDIS_REPLY_ERROR && text_of(*r).substr(0, code.size()) == code;
+}
+
+std::string describe_options(const RedisStoreOptions& o) {
+  std::string userinfo;
+  if (!o.password.empty()) {
+    userinfo = o.user + ":***@";
+  } else if (!o.user.empty()) {
+    userinfo = o.user + "@";
+  }
+  if (!o.socket.empty()) {
+    return "unix://" + userinfo + o.socket + (o.db != 0 ? "?db=" + std::to_string(o.db) : "");
+  }
+  const std::string host = o.host.find(':') == std::string::npos ? o.host : "[" + o.host + "]";
+  return "redis://" + userinfo + host + ":" + std::to_string(o.port) + "/" + std::to_string(o.db);
+}
+
+void validate(const RedisStoreOptions& o) {
+  auto positive = [](const char* name, Duration d) {
+    if (d <= Duration::zero() || d > kMaxDuration) {
+      throw InvalidArgument(name, "must be 1 ms to 365 days, got " + std::to_string(d.count()) +
+                                      " ms");
+    }
+  };
+  if (o.prefix.find_first_of("{}") != std::string::npos) {
+    throw InvalidArgument("Redis key prefix",
+                          "must not contain '{' or '}' (each record key carries its own hash tag)");
+  }
+  if (o.socket.empty() && o.host.empty()) throw InvalidArgument("Redis host", "must not be empty");
+  if (o.socket.empty() && (o.port <= 0 || o.port > 65535)) {
+    throw InvalidArgument("Redis port", "must be 1 to 65535, got " + std::to_string(o.port));
+  }
+  if (o.db < 0) throw InvalidArgument("Redis database", "must not be negative");
+  if (o.connections == 0 || o.connections > kMaxConnections) {
+    throw InvalidArgument("Redis connections", "must be 1 to " + std::to_string(kMaxConnections) +
+                                                   ", got " + std::to_string(o.connections));
+  }
+  positive("Redis timeout", o.timeout);
+  positive("Redis connect timeout", o.connect_timeout);
+  if (o.wait_replicas < 0) throw InvalidArgument("Redis wait_replicas", "must not be negative");
+  if (o.wait_replicas > 0) positive("Redis wait timeout", o.wait_timeout);
+}
+
+}  // namespace
+
+struct RedisStore::Impl {
+  RedisStoreOptions o;
+  std::string describe;
+  redis::ScriptShas shas;
+  Duration call_timeout;  // with WAIT's timeout when the store waits for replicas
+  std::unique_ptr<redis::Pool> pool;
+  std::atomic<std::uint64_t> script_reloads{0};
+
+  explicit Impl(RedisStoreOptions options) : o(std::move(options)) {
+    validate(o);
+    describe = describe_options(o);
+    call_timeout = o.timeout + (o.wait_replicas > 0 ? o.wait_timeout : Duration{0});
+    redis::ConnectionSettings s;
+    s.host = o.host;
+    s.port = o.port;
+    s.socket = o.socket;
+    s.user = o.user;
+    s.password = o.password;
+    s.db = o.db;
+    s.connect_timeout = o.connect_timeout;
+    s.io_timeout = call_timeout;
+    if (o.read_only) {
+      s.scripts = {redis::kPeek};
+    } else {
+      s.scripts = {redis::kAcquire, redis::kComplete, redis::kDelete, redis::kExtend, redis::kPeek};
+    }
+    if (o.wait_replicas > 0) {
+      CommandWriter(s.wait_command)
+          .begin(3)
+          .arg("WAIT")
+          .arg(std::int64_t{o.wait_replicas})
+          .arg(static_cast<std::int64_t>(o.wait_timeout.count()));
+    }
+    pool = std::make_unique<redis::Pool>(std::move(s), o.connections, describe);
+    pool->connect(&shas);
+  }
+
+  [[noreturn]] void fail(const std::string& why) const { throw StoreUnavailable(describe, why); }
+
+  [[noreturn]] void bad_reply(std::string_view step, const redisReply& r) const {
+    if (r.type == REDIS_REPLY_ERROR) fail(std::string(step) + ": " + redis::explain_server_error(text_of(r)));
+    fail(std::string(step) + ": unexpected reply from the server (type " + std::to_string(r.type) +
+         ")");
+  }
+
+  void refuse_write(std::string_view step) const {
+    if (o.read_only) fail(std::string(step) + " needs a write, and the store was opened read-only");
+  }
+
+  // A record's Redis key, written straight into a request.
+  struct RecordRef {
+    std::string_view scope;
+    std::string_view key;
+  };
+  void append_key(CommandWriter& w, RecordRef r) const {
+    w.arg_of(redis::record_key_size(o.prefix, r.scope, r.key), [&](std::string& out) {
+      redis::append_record_key(out, o.prefix, r.scope, r.key);
+    });
+  }
+
+  // EVALSHA of a script on one record key, or EVAL with its body once the server said it
+  // has lost it (NOSCRIPT).
+  template <typename... Args>
+  void append_script(std::string& out, ScriptId id, bool by_body, RecordRef record,
+                     const Args&... args) const {
+    CommandWriter w(out);
+    w.begin(4 + sizeof...(args))
+        .arg(by_body ? "EVAL" : "EVALSHA")
+        .arg(by_body ? std::string_view(redis::kScripts[id]->body) : std::string_view(shas[id]))
+        .arg("1");
+    append_key(w, record);
+    (w.arg(args), ...);
+  }
+
+  struct Outcome {
+    std::vector<Reply> replies;
+    long long replicas_acked = -1;
+  };
+
+  // Sends `n` commands, the i-th written by append(out, i, by_body), as one call (one
+  // round trip unless the server has lost a script). Throws StoreUnavailable.
+  template <typename Append>
+  Outcome run(std::size_t n, const Append& append, bool wait_replicas = false) {
+    auto call = std::make_shared<Call>();
+    for (std::size_t i = 0; i < n; ++i) append(call->request, i, false);
+    call->commands = n;
+    call->wait_replicas = wait_replicas && o.wait_replicas > 0;
+    pool->execute(call, call_timeout);
+    Outcome out{std::move(call->replies), call->replicas_acked};
+    // NOSCRIPT: the server lost its script cache (SCRIPT FLUSH, or a failover to a replica
+    // that never loaded them) while we were connected. Nothing ran; send those commands
+    // again with the script's body, which also caches it for the EVALSHAs that follow.
+    std::vector<std::size_t> lost;
+    for (std::size_t i = 0; i < out.replies.size(); ++i) {
+      if (is_error(out.replies[i], "NOSCRIPT")) lost.push_back(i);
+    }
+    if (lost.empty()) return out;
+    script_reloads.fetch_add(lost.size(), std::memory_order_relaxed);
+    auto retry = std::make_shared<Call>();
+    for (const std::size_t i : lost) append(retry->request, i, true);
+    retry->commands = lost.size();
+    retry->wait_replicas = call->wait_replicas;
+    pool->execute(retry, call_timeout);
+    for (std::size_t k = 0; k < lost.size(); ++k) {
+      out.replies[lost[k]] = std::move(retry->replies[k]);
+    }
+    out.replicas_acked = std::min(out.replicas_acked, retry->replicas_acked);
+    return out;
+  }
+
+  Reply run_one(ScriptId id, RecordRef key, const auto&... args) {
+    return std::move(run(1, [&](std::string& out, std::size_t, bool by_body) {
+                       append_script(out, id, by_body, key, args...);
+                     }).replies.front());
+  }
+
+  // A write that the caller asked to see on replicas: fewer of them in time fails the call.
+  void check_replicas(std::string_view step, long long acked) const {
+    if (o.wait_replicas > 0 && acked < o.wait_replicas) {
+      fail(std::string(step) + ": only " + std::to_string(std::max(acked, 0LL)) + " of " +
+           std::to_string(o.wait_replicas) + " replicas acknowledged the write within " +
+           std::to_string(o.wait_timeout.count()) +
+           " ms (WAIT); the write is on the primary but a failover could lose it");
+    }
+  }
+
+  redis::StoredRecord decode(std::string_view step, const redisReply& r, char kind) const {
+    std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
+    if (!rec || rec->kind != kind) fail(std::string(step) + ": the key does not hold an idem record");
+    return *rec;
+  }
+
+  static std::optional<std::string> owned(std::optional<std::string_view> v) {
+    if (!v) return std::nullopt;
+    return std::string(*v);
+  }
+
+  Replay replay_of(const redis::StoredRecord& rec) const {
+    return Replay{std::string(rec.payload), at_ms(rec.at), at_ms(rec.expires_at),
+                  owned(rec.fingerprint)};
+  }
+
+  Busy busy_of(const redis::StoredRecord& rec, std::int64_t now) const {
+    return Busy{at_ms(rec.lease_expires_at), Duration(rec.lease_expires_at - now),
+                owned(rec.fingerprint)};
+  }
+
+  AcquireResult acquire_read_only(RecordRef key) {
+    const Reply r = run_one(redis::kPeek, key);
+    const auto [now, rec] = peeked(r);
+    if (rec && rec->kind == redis::kKindComplete && rec->expires_at > now) return replay_of(*rec);
+    if (rec && rec->kind == redis::kKindInProgress && rec->lease_expires_at > now) {
+      return busy_of(*rec, now);
+    }
+    fail("acquire needs a write here (the key is absent, expired or abandoned), and the store "
+         "was opened read-only");
+  }
+
+  // The peek script's reply: the server's now and the record, if any.
+  std::pair<std::int64_t, std::optional<redis::StoredRecord>> peeked(const Reply& r) const {
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || r->elements > 2 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
+      bad_reply("get", *r);
+    }
+    const std::int64_t now = r->element[0]->integer;
+    if (r->elements == 1) return {now, std::nullopt};
+    if (r->element[1]->type != REDIS_REPLY_STRING) bad_reply("get", *r->element[1]);
+    std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(*r->element[1]));
+    if (!rec) fail("get: the key does not hold an idem record");
+    return {now, rec};
+  }
+};
+
+RedisStore::RedisStore(RedisStoreOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+RedisStore::~RedisStore() = default;
+
+std::string RedisStore::describe() const { return impl_->describe; }
+
+RedisStats RedisStore::stats() const {
+  const redis::ConnectionStats s = impl_->pool->stats();
+  return RedisStats{s.round_trips, s.commands, s.reconnects,
+                    impl_->script_reloads.load(std::memory_order_relaxed), s.queued};
+}
+
+AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                                     Duration ttl, std::optional<std::string_view> fingerprint) {
+  Impl& m = *impl_;
+  const Impl::RecordRef k{scope, key};
+  if (m.o.read_only) return m.acquire_read_only(k);
+  if (m.o.replay == RedisReplayPath::kGet) {
+    // Redis checks a key's expiry on every access by its own clock, and a COMPLETE
+    // record's key expires 1 ms before its expires_at unless its token's millisecond is
+    // later still (a clock that stepped back). So a key GET returns whose expiry is
+    // expires_at - 1 is, by the server's clock, a live result (SPEC §4: Replay).
+    Reply r = std::move(m.run(1, [&](std::string& out, std::size_t, bool) {
+                          CommandWriter w(out);
+                          m.append_key(w.begin(2).arg("GET"), k);
+                        }).replies.front());
+    if (r->type == REDIS_REPLY_STRING) {
+      const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(*r));
+      if (rec && rec->kind == redis::kKindComplete &&
+          rec->expires_at - 1 >= static_cast<std::int64_t>(rec->token / 1000)) {
+        return m.replay_of(*rec);
+      }
+    } else if (r->type == REDIS_REPLY_ERROR) {
+      m.bad_reply("acquire", *r);
+    }
+  }
+  std::string fp;
+  redis::append_fingerprint_section(fp, fingerprint);
+  const Impl::Outcome out = m.run(
+      1,
+      [&](std::string& o, std::size_t, bool by_body) {
+        m.append_script(o, redis::kAcquire, by_body, k, std::int64_t{lease.count()},
+                        std::int64_t{ttl.count()}, std::string_view(fp),
+                        std::int64_t{std::max(lease, ttl).count()});
+      },
+      /*wait_replicas=*/true);
+  const redisReply& r = *out.replies.front();
+  if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 &&
+      r.element[0]->type == REDIS_REPLY_INTEGER && r.element[1]->type == REDIS_REPLY_STRING) {
+    return m.busy_of(m.decode("acquire", *r.element[1], redis::kKindInProgress),
+                     r.element[0]->integer);
+  }
+  if (r.type != REDIS_REPLY_STRING) m.bad_reply("acquire", r);
+  const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
+  if (rec && rec->kind == redis::kKindComplete) return m.replay_of(*rec);
+  if (!rec || rec->kind != redis::kKindInProgress) m.fail("acquire: the key does not hold an idem record");
+  // The record the script wrote: its token, its times by the server's clock, its attempt.
+  const Token token = rec->token;
+  const Timestamp now = at_ms(rec->at);
+  const std::uint32_t attempt = rec->attempt;
+  if (m.o.wait_replicas > 0 && out.replicas_acked < m.o.wait_replicas) {
+    // Not safely replicated: the action must not run on a lease a failover could lose. Let
+    // the next caller start at once rather than after the lease (best effort).
+    try {
+      (void)do_release(scope, key, token);
+    } catch (const StoreUnavailable&) {
+    }
+    m.check_replicas("acquire", out.replicas_acked);
+  }
+  // SPEC §4: a fresh lease has attempt 1; a steal counts on from the record's.
+  return Acquired{Lease{token, now, now + lease, now + ttl, lease, attempt}, attempt > 1};
+}
+
+WriteResult RedisStore::do_complete(std::string_view scope, std::string_view key, Token token,
+                                    std::string_view payload, Duration ttl) {
+  Impl& m = *impl_;
+  m.refuse_write("complete");
+  const Impl::RecordRef k{scope, key};
+  const std::string tok = token_text(token);
+  const Impl::Outcome out = m.run(
+      1,
+      [&](std::string& o, std::size_t, bool by_body) {
+        m.append_script(o, redis::kComplete, by_body, k, std::string_view(tok),
+                        std::int64_t{ttl.count()}, payload);
+      },
+      /*wait_replicas=*/true);
+  const redisReply& r = *out.replies.front();
+  if (r.type != REDIS_REPLY_INTEGER) m.bad_reply("complete", r);
+  if (r.integer == 0) return WriteResult::kFenced;
+  m.check_replicas("complete", out.replicas_acked);
+  return WriteResult::kDone;
+}
+
+WriteResult RedisStore::do_release(std::string_view scope, std::string_view key, Token token) {
+  Impl& m = *impl_;
+  m.refuse_write("release");
+  const Reply r =
+      m.run_one(redis::kDelete, Impl::RecordRef{scope, key}, std::string_view(token_text(token)));
+  if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("release", *r);
+  return r->integer == 1 ? WriteResult::kDone : WriteResult::kFenced;
+}
+
+ExtendResult RedisStore::do_extend(std::string_view scope, std::string_view key, Token token,
+                                   Duration lease) {
+  const ExtendRequest request{scope, key, token, lease};
+  return do_extend_many(std::span<const ExtendRequest>(&request, 1)).front();
+}
+
+std::vector<ExtendResult> RedisStore::do_extend_many(std::span<const ExtendRequest> requests) {
+  Impl& m = *impl_;
+  m.refuse_write("extend");
+  // One pipeline for the whole batch: the heartbeat's due leases cost one round trip.
+  const Impl::Outcome out = m.run(requests.size(), [&](std::string& o, std::size_t i, bool by_body) {
+    const ExtendRequest& r = requests[i];
+    m.append_script(o, redis::kExtend, by_body, Impl::RecordRef{r.scope, r.key},
+                    std::string_view(token_text(r.token)), std::int64_t{r.lease.count()});
+  });
+  std::vector<ExtendResult> results;
+  results.reserve(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const redisReply& r = *out.replies[i];
+    if (r.type != REDIS_REPLY_INTEGER) m.bad_reply("extend", r);
+    if (r.integer == 0) {
+      results.push_back(ExtendResult{});
+    } else {
+      // The deadline is now + lease by the server's clock, so the time left is the lease.
+      results.push_back(ExtendResult{WriteResult::kDone, at_ms(r.integer), requests[i].lease});
+    }
+  }
+  return results;
+}
+
+std::size_t RedisStore::do_purge(std::size_t) {
+  // SPEC §8: every record's key expires when SPEC §4 allows it to be purged; Redis drops it.
+  return 0;
+}
+
+std::optional<Record> RedisStore::do_get(std::string_view scope, std::string_view key) {
+  Impl& m = *impl_;
+  const Reply r = m.run_one(redis::kPeek, Impl::RecordRef{scope, key});
+  const auto [now, rec] = m.peeked(r);
+  if (!rec) return std::nullopt;
+  Record out;
+  out.token = rec->token;
+  out.expires_at = at_ms(rec->expires_at);
+  out.fingerprint = Impl::owned(rec->fingerprint);
+  out.now = at_ms(now);
+  if (rec->kind == redis::kKindComplete) {
+    out.state = RecordState::kComplete;
+    out.completed_at = at_ms(rec->at);
+    out.payload = std::string(rec->payload);
+  } else {
+    out.state = RecordState::kInProgress;
+    out.attempt = rec->attempt;
+    out.acquired_at = at_ms(rec->at);
+    out.lease_expires_at = at_ms(rec->lease_expires_at);
+  }
+  return out;
+}
+
+bool RedisStore::do_forget(std::string_view scope, std::string_view key) {
+  Impl& m = *impl_;
+  m.refuse_write("forget");
+  const Reply r = m.run_one(redis::kDelete, Impl::RecordRef{scope, key}, std::string_view());
+  if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("forget", *r);
+  return r->integer == 1;
+}
+
+namespace detail {
+namespace {
+
+std::int64_t parse_number(const std::string& name, const std::string& value, std::int64_t min,
+                          std::int64_t max) {
+  std::int64_t n = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || n < min ||
+      n > max) {
+    throw InvalidArgument("store URL", "parameter '" + name + "' must be a whole number from " +
+                                           std::to_string(min) + " to " + std::to_string(max) +
+                                           ", got '" + value + "'");
+  }
+  return n;
+}
+
+constexpr std::int64_t kMaxMs = 365LL * 24 * 3600 * 1000;
+
+}  // namespace
+
+std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions&) {
+  RedisStoreOptions o;
+  if (!url.has_authority) {
+    throw InvalidArgument("store URL", "'" + url.scheme + ":' needs '//': redis://host:port/db or "
+                                       "unix:///path/redis.sock");
+  }
+  o.user = url.user;
+  o.password = url.password;
+  if (url.scheme == "unix") {
+    if (!url.host.empty() || url.port != 0) {
+      throw InvalidArgument("store URL", "'unix:' takes a socket path, not a host ('" + url.host +
+                                             "'); use unix:///path/redis.sock");
+    }
+    if (url.path.size() < 2 || url.path.front() != '/') {
+      throw InvalidArgument("store URL", "'unix:' needs an absolute socket path: "
+                                         "unix:///path/redis.sock");
+    }
+    o.socket = url.path;
+  } else {
+    if (!url.host.empty()) o.host = url.host;
+    if (url.port != 0) o.port = url.port;
+    if (url.path.size() > 1) {
+      o.db = static_cast<int>(parse_number("database (the URL's path)", url.path.substr(1), 0,
+                                           std::numeric_limits<int>::max()));
+    }
+  }
+  for (const auto& [name, value] : url.query) {
+    if (name == "db" && url.scheme == "unix") {
+      o.db = static_cast<int>(parse_number(name, value, 0, std::numeric_limits<int>::max()));
+    } else if (name == "prefix") {
+      o.prefix = value;
+    } else if (name == "connections") {
+      o.connections = static_cast<std::size_t>(parse_number(name, value, 1, kMaxConnections));
+    } else if (name == "timeout") {
+      o.timeout = Duration(parse_number(name, value, 1, kMaxMs));
+    } else if (name == "connect_timeout") {
+      o.connect_timeout = Duration(parse_number(name, value, 1, kMaxMs));
+    } else if (name == "wait_replicas") {
+      o.wait_replicas = static_cast<int>(parse_number(name, value, 0, 1000));
+    } else if (name == "wait_timeout") {
+      o.wait_timeout = Duration(parse_number(name, value, 1, kMaxMs));
+    } else if (name == "replay") {
+      if (value == "script") {
+        o.replay = RedisReplayPath::kScript;
+      } else if (value == "get") {
+        o.replay = RedisReplayPath::kGet;
+      } else {
+        throw InvalidArgument("store URL",
+                              "parameter 'replay' must be 'script' or 'get', got '" + value + "'");
+      }
+    } else {
+      throw InvalidArgument(
+          "store URL", "unknown parameter '" + name + "' for " + url.scheme +
+                           ": (known: " + (url.scheme == "unix" ? "db, " : "") +
+                           "prefix, connections, timeout, connect_timeout, wait_replicas, "
+                           "wait_timeout, replay)");
+    }
+  }
+  return std::make_shared<RedisStore>(std::move(o));
+}
+
+}  // namespace detail
+
+}  // namespace idem

@@ -1,0 +1,44 @@
+// The shared store suite (SPEC §3–§8), unchanged, on the shared Redis server with a fresh
+// key prefix per test (so each test starts from an empty store). Redis judges time by its
+// own clock, so the suite sleeps in real ticks; records expire natively; tokens increase
+// per key but are not unique across keys (SPEC §2).
+
+#include <memory>
+
+#include "conformance/store_conformance.h"
+#include "idem/stores/redis_store.h"
+#include "stores/redis/redis_test_util.h"
+
+namespace idem::testing {
+namespace {
+
+// Without IDEM_TEST_REDIS_URL every test of this executable skips, or fails when
+// IDEM_REQUIRE_SERVERS=1 (scripts/test.sh sets both).
+class RedisEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (shared_redis_url()) return;
+    if (servers_required()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_REDIS_URL is not set";
+    GTEST_SKIP() << "IDEM_TEST_REDIS_URL is not set (source scripts/servers.sh and run "
+                    "idem_start_redis)";
+  }
+};
+
+::testing::Environment* const kRedisEnvironment =
+    ::testing::AddGlobalTestEnvironment(new RedisEnvironment);
+
+INSTANTIATE_TEST_SUITE_P(
+    Redis, StoreConformance,
+    ::testing::Values(StoreTestContext{
+        .name = "redis",
+        .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
+          return std::make_shared<RedisStore>(shared_options());
+        },
+        .fake_clock = false,
+        .tick = Duration{200},
+        .native_expiry = true,
+        .store_wide_tokens = false}),
+    ContextName{});
+
+}  // namespace
+}  // namespace idem::testing
