@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -154,16 +155,20 @@ class SecretsTest : public ::testing::Test {
     return run_process(args, env, std::chrono::seconds(120));
   }
 
-  // Every command that takes a store, given the URL on the command line and in IDEM_STORE.
-  // Returns how many outputs were checked.
-  int expect_tool_clean(const std::string& url, bool opens) {
+  // The commands that open a store read-only (show) and to write (run); with `every`, also
+  // forget, purge, show with the URL in IDEM_STORE, and the proxy. Every command opens its
+  // store through the same code, so the full set runs for a few URLs only (each process
+  // costs about half a second under the sanitizers). Returns how many outputs were checked.
+  int expect_tool_clean(const std::string& url, bool opens, bool every = true) {
     SCOPED_TRACE(url);
-    const std::vector<std::vector<std::string>> commands = {
+    std::vector<std::vector<std::string>> commands = {
         {"show", "--scope", "secrets", "--key", key_, "--store", url},
         {"run", "--scope", "secrets", "--key", key_, "--store", url, "--", "sh", "-c", "echo ran"},
-        {"forget", "--scope", "secrets", "--key", key_, "--store", url},
-        {"purge", "--store", url},
     };
+    if (every) {
+      commands.push_back({"forget", "--scope", "secrets", "--key", key_, "--store", url});
+      commands.push_back({"purge", "--store", url});
+    }
     int checked = 0;
     for (const auto& args : commands) {
       const ProcessResult r = idem(args);
@@ -175,6 +180,7 @@ class SecretsTest : public ::testing::Test {
       }
       ++checked;
     }
+    if (!every) return checked;
     const ProcessResult env_show =
         idem({"show", "--scope", "secrets", "--key", key_}, {{"IDEM_STORE", url}});
     EXPECT_TRUE(no_secret(env_show.out + env_show.err, "IDEM_STORE=... idem show"));
@@ -258,7 +264,12 @@ TEST(SecretsLibraryTest, ServerErrorsAndDescribeNeverShowThePassword) {
 
 TEST_F(SecretsTest, ToolOutputAndErrorsNeverShowThePassword) {
   int checked = 0;
-  for (const std::string& url : failing_urls()) checked += expect_tool_clean(url, false);
+  const std::vector<std::string> urls = failing_urls();
+  // Every command for the first PostgreSQL and Redis forms and a mistyped one.
+  const std::set<std::size_t> every = {0, 6, 13};
+  for (std::size_t i = 0; i < urls.size(); ++i) {
+    checked += expect_tool_clean(urls[i], false, every.count(i) != 0);
+  }
   EXPECT_GT(checked, 0);
 }
 
