@@ -167,7 +167,7 @@ void soak(const Target& target, const std::string& dir) {
       std::this_thread::sleep_for(std::chrono::milliseconds(between(100, 1500)));
       target.restart_server();
       ++figures.server_restarts;
-      next_server_crash = Clock::now() + std::chrono::milliseconds(between(4000, 12000));
+      next_server_crash = Clock::now() + std::chrono::milliseconds(between(3000, 8000));
     }
   }
 
