@@ -26,8 +26,8 @@ std::string pd(Token token, const std::string& key, const std::string& filler = 
 std::string ran(const std::string& key, Token token, std::int64_t wall, int attempt = 1,
                 const std::string& filler = "x") {
   return "ran " + key + " " + std::to_string(token) + " " + std::to_string(attempt) + " " +
-         (attempt > 1 ? "1" : "0") + " " + std::to_string(wall) + " " +
-         pd(token, key, filler) + "\n";
+         (attempt > 1 ? "1" : "0") + " " + std::to_string(wall) + " " + pd(token, key, filler) +
+         "\n";
 }
 
 std::string done(const std::string& key, Token token, const std::string& filler = "x") {
@@ -59,8 +59,8 @@ TEST(SoakCheck, LogsWhereEveryRuleHeldHaveNoViolations) {
   const std::vector<std::string> logs = {
       ran("d1-0", 5, 1000) + "lost d1-0\n" + "busy d1-0\n" + "purge 3\n",
       ran("d1-0", 6, 1500, 2) + done("d1-0", 6) + replay("d1-0", 6, 1600, 1501, 3'601'501),
-      "fail d1-1 -\nunavailable d1-1\n" + ran("e0", 7, 1000) + done("e0", 7) +
-          ran("e0", 9, 2600) + done("e0", 9) + replay("e0", 9, 2700, 2601, 4101)};
+      "fail d1-1 -\nunavailable d1-1\n" + ran("e0", 7, 1000) + done("e0", 7) + ran("e0", 9, 2600) +
+          done("e0", 9) + replay("e0", 9, 2700, 2601, 4101)};
   const SoakReport r = check_soak(logs, {{"d1-0", complete("d1-0", 6)}}, 4200, kRules);
   EXPECT_THAT(r.violations, IsEmpty());
   EXPECT_EQ(r.ran, 4);
@@ -77,9 +77,9 @@ TEST(SoakCheck, LogsWhereEveryRuleHeldHaveNoViolations) {
 }
 
 TEST(SoakCheck, AKeyCompletedTwiceWithinItsTtlIsAViolation) {
-  const SoakReport r = check_soak(
-      {ran("d1-0", 5, 1000) + done("d1-0", 5), ran("d1-0", 6, 1200) + done("d1-0", 6)},
-      {{"d1-0", complete("d1-0", 6)}}, 2000, kRules);
+  const SoakReport r =
+      check_soak({ran("d1-0", 5, 1000) + done("d1-0", 5), ran("d1-0", 6, 1200) + done("d1-0", 6)},
+                 {{"d1-0", complete("d1-0", 6)}}, 2000, kRules);
   EXPECT_THAT(r.violations,
               ElementsAre(HasSubstr("key d1-0: token 6 ran 200 ms after token 5 completed it")));
 }
@@ -113,10 +113,9 @@ TEST(SoakCheck, APayloadNoActionMadeIsAViolation) {
 }
 
 TEST(SoakCheck, AReplayThatDiffersFromTheStoredPayloadIsAViolation) {
-  const SoakReport r = check_soak(
-      {ran("d1-0", 5, 1000) + done("d1-0", 5) +
-       "replay d1-0 5 0123456789abcdef 1100 1001 3601001\n"},
-      {{"d1-0", complete("d1-0", 5)}}, 2000, kRules);
+  const SoakReport r = check_soak({ran("d1-0", 5, 1000) + done("d1-0", 5) +
+                                   "replay d1-0 5 0123456789abcdef 1100 1001 3601001\n"},
+                                  {{"d1-0", complete("d1-0", 5)}}, 2000, kRules);
   EXPECT_THAT(r.violations, ElementsAre(HasSubstr("a replay of token 5 has payload")));
 }
 
@@ -137,7 +136,8 @@ TEST(SoakCheck, ARecordThatVanishedBeforeItsTtlIsAViolation) {
   EXPECT_THAT(check_soak({log}, {}, 2000, kRules).violations,
               ElementsAre(HasSubstr("the store's record after the soak is gone")));
   EXPECT_THAT(
-      check_soak({log}, {{"d1-0", FinalRecord{.complete = false, .token = 9, .digest = {}}}}, 2000, kRules)
+      check_soak({log}, {{"d1-0", FinalRecord{.complete = false, .token = 9, .digest = {}}}}, 2000,
+                 kRules)
           .violations,
       ElementsAre(HasSubstr("is in progress with token 9")));
   // An expiring key whose TTL has passed may be gone.
@@ -152,15 +152,15 @@ TEST(SoakCheck, OneTokenOnTwoKeysIsAViolationWhereTheStorePromisesUniqueTokens) 
   SoakRules per_key = kRules;
   per_key.unique_tokens_store_wide = false;
   EXPECT_THAT(check_soak(logs, {}, 2000, per_key).violations, IsEmpty());
-  EXPECT_THAT(check_soak({ran("d1-0", 5, 1000) + ran("d1-0", 5, 1000)}, {}, 2000, per_key)
-                  .violations,
-              ElementsAre(HasSubstr("two actions ran with token 5")));
+  EXPECT_THAT(
+      check_soak({ran("d1-0", 5, 1000) + ran("d1-0", 5, 1000)}, {}, 2000, per_key).violations,
+      ElementsAre(HasSubstr("two actions ran with token 5")));
 }
 
 TEST(SoakCheck, AStolenFlagThatDisagreesWithTheAttemptIsAViolation) {
-  EXPECT_THAT(check_soak({"ran d1-0 5 2 0 1000 " + pd(5, "d1-0") + "\n"}, {}, 2000, kRules)
-                  .violations,
-              ElementsAre(HasSubstr("ran as attempt 2 with stolen=0")));
+  EXPECT_THAT(
+      check_soak({"ran d1-0 5 2 0 1000 " + pd(5, "d1-0") + "\n"}, {}, 2000, kRules).violations,
+      ElementsAre(HasSubstr("ran as attempt 2 with stolen=0")));
 }
 
 TEST(SoakCheck, ATornLastLineIsCountedAndAnythingElseUnreadableIsAViolation) {

@@ -75,17 +75,17 @@ struct FinalRecord {
 
 // What the logs and the final records add up to.
 struct SoakReport {
-  long long calls = 0;        // lines for finished run() calls
-  long long ran = 0;          // actions that made a payload
-  long long completed = 0;    // done lines
-  long long replays = 0;      // replay lines (from the store or from an owner in memory)
+  long long calls = 0;      // lines for finished run() calls
+  long long ran = 0;        // actions that made a payload
+  long long completed = 0;  // done lines
+  long long replays = 0;    // replay lines (from the store or from an owner in memory)
   long long busy = 0;
   long long lost = 0;
-  long long released = 0;     // fail lines
+  long long released = 0;  // fail lines
   long long unavailable = 0;
-  long long purged = 0;       // records deleted by purge
-  long long torn = 0;         // last lines cut short by a kill
-  std::size_t keys = 0;       // keys any line names
+  long long purged = 0;  // records deleted by purge
+  long long torn = 0;    // last lines cut short by a kill
+  std::size_t keys = 0;  // keys any line names
   std::vector<std::string> violations;
 };
 

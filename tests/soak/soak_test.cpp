@@ -62,9 +62,9 @@ bool require_servers() {
 struct Target {
   std::string name;
   std::string url;
-  std::function<void()> kill_server;     // null for an embedded store
+  std::function<void()> kill_server;  // null for an embedded store
   std::function<void()> restart_server;
-  bool unique_tokens = true;             // SPEC §2: tokens unique across keys
+  bool unique_tokens = true;  // SPEC §2: tokens unique across keys
 };
 
 // A temporary directory, removed at the end.
@@ -204,9 +204,9 @@ void soak(const Target& target, const std::string& dir) {
             << " keys: " << report.ran << " actions ran, " << report.completed << " completed, "
             << report.replays << " replays, " << report.busy << " busy, " << report.lost
             << " leases lost, " << report.released << " released (the action threw), "
-            << report.unavailable << " store unavailable; " << report.purged
-            << " records purged; " << report.torn << " log lines cut by a kill; violations "
-            << report.violations.size() << std::endl;
+            << report.unavailable << " store unavailable; " << report.purged << " records purged; "
+            << report.torn << " log lines cut by a kill; violations " << report.violations.size()
+            << std::endl;
   EXPECT_GT(report.completed, 0);
   EXPECT_GT(report.replays, 0);
   EXPECT_EQ(report.violations.size(), 0u);
@@ -235,7 +235,8 @@ TEST(CrashSoak, Sqlite) {
 #ifdef IDEM_PG_PRIVATE_SERVER_SCRIPT
 TEST(CrashSoak, Postgres) {
   if (::geteuid() != 0 || !fs::exists("/usr/lib/postgresql/15/bin/initdb")) {
-    if (require_servers()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but the PostgreSQL soak needs root and PostgreSQL 15";
+    if (require_servers())
+      FAIL() << "IDEM_REQUIRE_SERVERS=1 but the PostgreSQL soak needs root and PostgreSQL 15";
     GTEST_SKIP() << "the PostgreSQL soak needs root and PostgreSQL 15";
   }
   TempDir logs;

@@ -114,12 +114,13 @@ void work(idem::Executor& exec, Log& log, std::uint64_t seed, std::int64_t expir
                                : size_roll < 99 ? 1024 + rng() % (15 * 1024)
                                                 : 200 * 1024;
     // Most actions take up to 30 ms; one in ten runs past its lease (400 ms) by up to 3x.
-    const auto work_for = std::chrono::milliseconds(behaviour / 10 == 1 ? 300 + rng() % 1000
-                                                                    : rng() % 31);
+    const auto work_for =
+        std::chrono::milliseconds(behaviour / 10 == 1 ? 300 + rng() % 1000 : rng() % 31);
     idem::CallOptions call;
     call.ttl = std::chrono::milliseconds(ttl);
-    if (pct() < 50) call.wait = idem::WaitPolicy{.max_wait = 1500ms, .initial_backoff = 5ms,
-                                                 .max_backoff = 100ms};
+    if (pct() < 50)
+      call.wait =
+          idem::WaitPolicy{.max_wait = 1500ms, .initial_backoff = 5ms, .max_backoff = 100ms};
 
     // The action: logs "ran" after making its payload and before returning it.
     auto action = [&](const idem::Attempt& a) -> std::string {
@@ -127,9 +128,9 @@ void work(idem::Executor& exec, Log& log, std::uint64_t seed, std::int64_t expir
       if (behaviour < 10) throw Deliberate{};
       std::string payload = idem::soak::make_payload(
           a.token(), key, std::string(filler, static_cast<char>('a' + n % 26)));
-      log.line("ran " + key + " " + std::to_string(a.token()) + " " +
-               std::to_string(a.number()) + " " + (a.stolen() ? "1" : "0") + " " +
-               std::to_string(wall_ms()) + " " + digest(payload));
+      log.line("ran " + key + " " + std::to_string(a.token()) + " " + std::to_string(a.number()) +
+               " " + (a.stolen() ? "1" : "0") + " " + std::to_string(wall_ms()) + " " +
+               digest(payload));
       return payload;
     };
     auto replayed = [&](const idem::Result<std::string>& r, std::int64_t call_wall) {
@@ -164,8 +165,7 @@ void work(idem::Executor& exec, Log& log, std::uint64_t seed, std::int64_t expir
       if (r.replayed) {
         replayed(r, call_wall);
       } else {
-        log.line("done " + key + " " + std::to_string(r.token.value_or(0)) + " " +
-                 digest(r.value));
+        log.line("done " + key + " " + std::to_string(r.token.value_or(0)) + " " + digest(r.value));
       }
     } catch (const Deliberate&) {
       log.line("fail " + key + " -");
@@ -216,12 +216,12 @@ int main(int argc, char** argv) {
     }
   }
   if (store != nullptr) {
-    idem::Executor exec(store, idem::ExecutorOptions{.lease = kLease,
-                                                     .on_heartbeat_error = nullptr});
+    idem::Executor exec(store,
+                        idem::ExecutorOptions{.lease = kLease, .on_heartbeat_error = nullptr});
     std::vector<std::thread> threads;
     for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back(work, std::ref(exec), std::ref(log), seed * kThreads + t,
-                           expiring_ttl, durable_ttl);
+      threads.emplace_back(work, std::ref(exec), std::ref(log), seed * kThreads + t, expiring_ttl,
+                           durable_ttl);
     }
     for (std::thread& t : threads) t.join();
   }
