@@ -64,6 +64,10 @@ struct Target {
   std::string url;
   std::function<void()> kill_server;  // null for an embedded store
   std::function<void()> restart_server;
+  // SIGSTOP and SIGCONT for the server (null where the soak does not freeze it): calls in
+  // flight time out, so replies to writes that took effect are lost.
+  std::function<void()> pause_server;
+  std::function<void()> resume_server;
   bool unique_tokens = true;  // SPEC §2: tokens unique across keys
 };
 
@@ -89,6 +93,7 @@ struct Figures {
   long killed = 0;
   long paused = 0;
   long server_restarts = 0;
+  long server_pauses = 0;
   long workers_started = 0;
 };
 
@@ -163,10 +168,18 @@ void soak(const Target& target, const std::string& dir) {
       ++figures.paused;
     }
     if (target.kill_server && Clock::now() >= next_server_crash) {
-      target.kill_server();
-      std::this_thread::sleep_for(std::chrono::milliseconds(between(100, 1500)));
-      target.restart_server();
-      ++figures.server_restarts;
+      const auto down_for = std::chrono::milliseconds(between(100, 1500));
+      if (target.pause_server && between(0, 2) == 0) {
+        target.pause_server();
+        std::this_thread::sleep_for(down_for);
+        target.resume_server();
+        ++figures.server_pauses;
+      } else {
+        target.kill_server();
+        std::this_thread::sleep_for(down_for);
+        target.restart_server();
+        ++figures.server_restarts;
+      }
       next_server_crash = Clock::now() + std::chrono::milliseconds(between(3000, 8000));
     }
   }
@@ -200,13 +213,13 @@ void soak(const Target& target, const std::string& dir) {
   std::cout << "crash soak " << target.name << ": " << figures.workers_started
             << " worker processes, " << figures.killed << " killed (SIGKILL), " << figures.paused
             << " paused (SIGSTOP/SIGCONT), " << figures.server_restarts
-            << " server crashes and restarts; " << report.calls << " calls over " << report.keys
-            << " keys: " << report.ran << " actions ran, " << report.completed << " completed, "
-            << report.replays << " replays, " << report.busy << " busy, " << report.lost
-            << " leases lost, " << report.released << " released (the action threw), "
-            << report.unavailable << " store unavailable; " << report.purged << " records purged; "
-            << report.torn << " log lines cut by a kill; violations " << report.violations.size()
-            << std::endl;
+            << " server crashes and restarts, " << figures.server_pauses << " server pauses; "
+            << report.calls << " calls over " << report.keys << " keys: " << report.ran
+            << " actions ran, " << report.completed << " completed, " << report.replays
+            << " replays, " << report.busy << " busy, " << report.lost << " leases lost, "
+            << report.released << " released (the action threw), " << report.unavailable
+            << " store unavailable; " << report.purged << " records purged; " << report.torn
+            << " log lines cut by a kill; violations " << report.violations.size() << std::endl;
   EXPECT_GT(report.completed, 0);
   EXPECT_GT(report.replays, 0);
   EXPECT_EQ(report.violations.size(), 0u);
@@ -228,6 +241,8 @@ TEST(CrashSoak, Sqlite) {
               .url = "sqlite://" + dir.path() + "/soak.db",
               .kill_server = nullptr,
               .restart_server = nullptr,
+              .pause_server = nullptr,
+              .resume_server = nullptr,
               .unique_tokens = true},
        dir.path());
 }
@@ -255,6 +270,8 @@ TEST(CrashSoak, Postgres) {
                      "&user=postgres&table=idem_soak",
               .kill_server = [&] { run_server_script(script, "stop", server.path()); },
               .restart_server = [&] { run_server_script(script, "resume", server.path()); },
+              .pause_server = nullptr,
+              .resume_server = nullptr,
               .unique_tokens = true},
        logs.path());
 }
@@ -272,10 +289,13 @@ TEST(CrashSoak, Redis) {
   // persistence a restart would forget every record, which the soak would rightly report.
   PrivateRedis server({"--appendonly", "yes", "--appendfsync", "always"});
   ASSERT_TRUE(server.ok());
+  // A call times out after 300 ms (5 s by default), so that a paused server loses replies.
   soak(Target{.name = "redis",
-              .url = server.url(),
+              .url = server.url() + "?timeout=300",
               .kill_server = [&] { server.kill(); },
               .restart_server = [&] { server.restart(); },
+              .pause_server = [&] { server.pause(); },
+              .resume_server = [&] { server.resume(); },
               // SPEC §2: Redis tokens are per key.
               .unique_tokens = false},
        logs.path());
