@@ -115,7 +115,7 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
 
 int run_proxy(const ProxyArgs& args) {
   proxy::ProxyOptions options = to_options(args);
-  proxy::Server server(options, open_cli_store(args.store),
+  proxy::Server server(options, open_cli_store(args.store, StoreAccess::kCreate),
                        [](const std::string& line) { print_error(kName, line); });
   try {
     server.run();

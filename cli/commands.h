@@ -22,7 +22,7 @@ Command add_forget_command(CLI::App& parent);
 Command add_bench_command(CLI::App& parent);
 Command add_proxy_command(CLI::App& parent);
 
-// The option every command takes to name its store (resolve_store_url explains the default).
+// The option every command takes to name its store (choose_store explains the default).
 CLI::Option* add_store_option(CLI::App& app, std::string& url);
 // --scope, with the default "default".
 CLI::Option* add_scope_option(CLI::App& app, std::string& scope);

@@ -363,6 +363,22 @@ TEST_F(RedisStoreTest, ReadOnlyStoreAnswersReplaysAndBusyAndWritesNothing) {
   EXPECT_EQ(reader->get("s", "held").value().lease_expires_at, held.lease_expires_at);
 }
 
+TEST_F(RedisStoreTest, OpenStoreHonoursReadOnly) {
+  auto writer = open();
+  const Lease done = std::get<Acquired>(writer->acquire("s", "done", 30s, 1h)).lease;
+  ASSERT_THAT(writer->complete("s", "done", done.token, "result", 1h), IsDone());
+  auto reader =
+      open_store(with_param(url_, "prefix", options_.prefix), OpenOptions{.read_only = true});
+  EXPECT_THAT(reader->acquire("s", "done", 30s, 1h), IsReplay("result"));
+  try {
+    (void)reader->acquire("s", "absent", 30s, 1h);
+    ADD_FAILURE() << "a store opened read-only by open_store wrote";
+  } catch (const StoreUnavailable& e) {
+    EXPECT_THAT(e.what(), HasSubstr("read-only"));
+  }
+  EXPECT_EQ(writer->get("s", "absent"), std::nullopt);
+}
+
 TEST_F(RedisStoreTest, HeartbeatKeepsALongActionsLeaseThroughBatchedExtends) {
   auto store = open();
   Executor executor(store, ExecutorOptions{.lease = 300ms});
