@@ -120,10 +120,13 @@ namespace detail {
 // Calls into every file of the suite, so a program that instantiates the suite links all
 // of them out of the static library (and a program that does not, none). Returns true.
 bool link_store_conformance();
-// How many tests the suite has (for each context), counted when the library was built; a
-// program that instantiates the suite can check that all of them were linked.
-int store_conformance_test_count();
 }  // namespace detail
+
+// How many tests the suite gives each context, counted when the library was built.
+int store_conformance_test_count();
+// How many tests of the suite this program registered under `prefix` (every context's): a
+// program can check it got them all, contexts * store_conformance_test_count().
+int instantiated_conformance_tests(std::string_view prefix);
 
 }  // namespace idem::testing
 
