@@ -26,10 +26,10 @@
 #include "idem/clock.h"
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
-#include "support/fault_store.h"
+#include "idem/testing/fault_store.h"
 #include "support/gate.h"
-#include "support/matchers.h"
-#include "support/store_fixtures.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_fixtures.h"
 
 namespace {
 

@@ -48,7 +48,7 @@
 #include "idem/executor.h"
 #include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
-#include "support/fault_store.h"
+#include "idem/testing/fault_store.h"
 
 namespace {
 

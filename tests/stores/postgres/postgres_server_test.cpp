@@ -27,7 +27,7 @@
 #include "idem/stores/postgres_store.h"
 #include "stores/postgres/postgres_test_util.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 #include "support/server_script.h"
 
 #ifndef IDEM_PRIVATE_SERVER_SCRIPT

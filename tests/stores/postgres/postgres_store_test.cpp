@@ -23,7 +23,7 @@
 #include "idem/stores/postgres_store.h"
 #include "stores/postgres/postgres_test_util.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {
@@ -529,11 +529,11 @@ TEST(PostgresStoreTables, HostileScopeKeyPayloadAndFingerprintRoundTripByteExact
       const std::string payload = key + std::string("\0payload\\'", 11) + scope;
       const std::string fingerprint = "fp\0" + key.substr(0, 50);
       AcquireResult r = s->acquire(scope, key, 1h, 1h, fingerprint);
-      ASSERT_THAT(r, IsFreshlyAcquired()) << testing_detail::preview(key);
+      ASSERT_THAT(r, IsFreshlyAcquired()) << preview(key);
       const Token t = std::get<Acquired>(r).lease.token;
       ASSERT_THAT(s->complete(scope, key, t, payload, 1h), IsDone());
       AcquireResult replay = s->acquire(scope, key, 1h, 1h);
-      ASSERT_THAT(replay, IsReplay(payload)) << testing_detail::preview(key);
+      ASSERT_THAT(replay, IsReplay(payload)) << preview(key);
       EXPECT_EQ(std::get<Replay>(replay).fingerprint, fingerprint);
       std::optional<Record> rec = s->get(scope, key);
       ASSERT_TRUE(rec.has_value());

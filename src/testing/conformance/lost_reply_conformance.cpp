@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "conformance/store_conformance.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 
 namespace idem::testing {
 namespace {

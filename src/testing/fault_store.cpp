@@ -1,4 +1,4 @@
-#include "support/fault_store.h"
+#include "idem/testing/fault_store.h"
 
 #include <string>
 #include <utility>
