@@ -6,10 +6,24 @@ install(TARGETS idem_core idem ${_targets} EXPORT idemTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(IDEM_TESTING_BUILT)
+  install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+else()
+  install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+          PATTERN testing EXCLUDE)
+endif()
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/include/idem/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/idem)
 install(EXPORT idemTargets NAMESPACE idem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+# The testing kit in an export set of its own, loaded by find_package(idem COMPONENTS
+# testing) only, so that consumers of the library alone never need GoogleTest.
+if(IDEM_TESTING_BUILT)
+  install(TARGETS idem_testing EXPORT idemTestingTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT idemTestingTargets NAMESPACE idem::
+          DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
+endif()
 
 # The package config looks for a store's dependency only when that store was built.
 get_property(IDEM_STORE_PACKAGES GLOBAL PROPERTY IDEM_STORE_PACKAGES)
@@ -56,3 +70,10 @@ file(RELATIVE_PATH _pc_up "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" _pc_up "${_pc_up}")
 configure_file(cmake/idem.pc.in ${CMAKE_CURRENT_BINARY_DIR}/idem.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/idem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# pkg-config for the testing kit: idem-testing (Requires idem and gmock).
+if(IDEM_TESTING_BUILT)
+  configure_file(cmake/idem-testing.pc.in ${CMAKE_CURRENT_BINARY_DIR}/idem-testing.pc @ONLY)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/idem-testing.pc
+          DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+endif()

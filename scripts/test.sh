@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: a release build (tests, examples, benchmark smoke runs, the
 # install test, and the store suites against real PostgreSQL and Redis servers that this
-# script starts on loopback and stops at the end), then the tests again under
+# script starts on loopback and stops at the end), the crash soak on every store (release
+# only, one store after another, under a minute each), then the tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, then the
 # libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Prints the time each stage took.
 # IDEM_TSAN=0 skips the ThreadSanitizer build; IDEM_FUZZ_SECONDS sets the time per fuzzer
@@ -50,11 +51,17 @@ build_and_test() {
   cmake --build "$dir" -j "$jobs"
   stage_done "$name: build"
   echo "== test $dir"
-  ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 600
+  # The crash soak (label `soak`, release build only) runs alone afterwards: it loads the
+  # machine on purpose and kills servers of its own.
+  ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 600 -LE soak
   stage_done "$name: test"
 }
 
 build_and_test release build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "== crash soak build/release"
+# --verbose: the figures each soak prints go into the log (docs/RELIABILITY.md quotes them).
+ctest --test-dir build/release -L soak --verbose
+stage_done "release: crash soak"
 build_and_test asan+ubsan build/asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=address,undefined \
   -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF
 if [[ "${IDEM_TSAN:-1}" != 0 ]]; then

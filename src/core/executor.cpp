@@ -26,9 +26,9 @@ using detail::coarse_now;
 using detail::HeartbeatLease;
 using detail::SteadyClock;
 
-// A completed complete() call that failed with a store error is retried after this pause,
-// doubling up to the cap, while the local view of the lease is still valid (SPEC §4: a
-// complete repeated with the same token is idempotent).
+// A complete() call that failed with a store error, and did not land, is retried after
+// this pause, doubling up to the cap, while the local view of the lease is still valid
+// (SPEC §4: a complete repeated with the same token is idempotent). See write_result.
 constexpr Duration kCompleteFirstRetry{5};
 constexpr Duration kCompleteMaxRetry{250};
 
@@ -682,21 +682,57 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
   }
 
+  // What a read of the record says of a complete whose reply did not come.
+  enum class ReadBack {
+    kRecorded,   // COMPLETE with this token: the result is recorded
+    kStillOurs,  // IN_PROGRESS with this token: the complete did not land
+    kNotOurs,    // absent, or another token: this token can no longer complete
+    kUnknown,    // the read failed too
+  };
+
+  ReadBack read_back(const InFlight& owner) noexcept {
+    try {
+      const std::optional<Record> now = store_->get(owner.scope(), owner.key());
+      if (!now || now->token != owner.token()) return ReadBack::kNotOurs;
+      return now->state == RecordState::kComplete ? ReadBack::kRecorded : ReadBack::kStillOurs;
+    } catch (...) {
+      return ReadBack::kUnknown;
+    }
+  }
+
+  // Stores the result. A store error leaves the outcome unknown: the complete may have
+  // landed and only its reply been lost. So the record is read back at once, and a record
+  // COMPLETE with this token is this call's result, recorded (never reported as lost). A
+  // record still IN_PROGRESS with this token gets the complete again, at once the first
+  // time (the read just reached the store) and then with a doubling pause, while the lease
+  // is ours by our own clock. SPEC §4 makes every repeat safe: a complete repeated with the
+  // token that completed the record changes nothing and is done.
   WriteResult write_result(InFlight& owner, const std::string& bytes) {
     Duration pause = kCompleteFirstRetry;
-    for (;;) {
+    for (int tries = 0;; ++tries) {
       try {
         return guarded(
             [&] {
               return store_->complete(owner.scope(), owner.key(), owner.token(), bytes, owner.ttl);
             },
             owner.record());
-      } catch (const StoreUnavailable&) {
-        // SPEC §4: a complete repeated with the same token changes nothing if the first
-        // one did land, so it is safe to retry while the lease is ours by our own clock.
-        if (SteadyClock::now() + pause >= owner.local_deadline()) throw;
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, kCompleteMaxRetry);
+      } catch (const StoreUnavailable& e) {
+        const ReadBack seen = read_back(owner);
+        if (seen == ReadBack::kRecorded) return WriteResult::kDone;
+        if (seen == ReadBack::kNotOurs) return WriteResult::kFenced;
+        const bool immediately = tries == 0 && seen == ReadBack::kStillOurs;
+        if (!immediately && SteadyClock::now() + pause >= owner.local_deadline()) {
+          throw StoreUnavailable(
+              e.store(),
+              e.reason() + (seen == ReadBack::kStillOurs
+                                ? "; the result was not recorded"
+                                : "; the result may or may not have been recorded"),
+              owner.record());
+        }
+        if (!immediately) {
+          std::this_thread::sleep_for(pause);
+          pause = std::min(pause * 2, kCompleteMaxRetry);
+        }
       }
     }
   }

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <string>
@@ -10,9 +11,17 @@ namespace {
 
 [[noreturn]] void bad_url(std::string_view text, const std::string& why) {
   // Never echo a password: show nothing past the start of an authority (it may hold
-  // credentials) or of a query (it may hold a password parameter).
+  // credentials) or of a query (it may hold a password parameter). Text with an '@' but no
+  // "://" is a URL with credentials mistyped ("redis//:pw@host"): nothing past its first
+  // ':' is shown.
   std::size_t cut = text.find("://");
-  cut = cut == std::string_view::npos ? text.find('?') : cut + 3;
+  if (cut != std::string_view::npos) {
+    cut += 3;
+  } else if (text.find('@') != std::string_view::npos) {
+    const std::size_t colon = text.find(':');
+    cut = colon == std::string_view::npos ? 0 : colon + 1;
+  }
+  cut = std::min(cut, text.find('?'));
   std::string shown(text.substr(0, cut));
   if (shown.size() < text.size()) shown += "...";
   throw InvalidArgument("store URL", "'" + shown + "': " + why);

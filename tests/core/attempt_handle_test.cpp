@@ -25,9 +25,9 @@
 #include "idem/executor.h"
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
-#include "support/fault_store.h"
-#include "support/matchers.h"
-#include "support/store_fixtures.h"
+#include "idem/testing/fault_store.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_fixtures.h"
 
 namespace {
 

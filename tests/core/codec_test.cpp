@@ -15,8 +15,8 @@
 #include "idem/codec.h"
 #include "idem/codec_json.h"
 #include "idem/executor.h"
-#include "support/matchers.h"
-#include "support/store_fixtures.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_fixtures.h"
 
 namespace {
 

@@ -13,8 +13,8 @@
 #include "idem/error.h"
 #include "idem/executor.h"
 #include "idem/store_wrapper.h"
-#include "support/matchers.h"
-#include "support/store_fixtures.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_fixtures.h"
 
 namespace {
 

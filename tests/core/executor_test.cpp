@@ -26,10 +26,10 @@
 #include "idem/clock.h"
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
-#include "support/fault_store.h"
+#include "idem/testing/fault_store.h"
 #include "support/gate.h"
-#include "support/matchers.h"
-#include "support/store_fixtures.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_fixtures.h"
 
 namespace {
 
@@ -47,6 +47,8 @@ using idem::testing::Gate;
 using idem::testing::kEventually;
 using idem::testing::IsAcquired;
 using idem::testing::IsBusy;
+using idem::testing::IsCompleteWith;
+using idem::testing::IsInProgressWith;
 using idem::testing::Op;
 using idem::testing::ThrowsIdem;
 
@@ -329,6 +331,184 @@ TEST_P(ExecutorFormTest, CompleteThatKeepsFailingGivesStoreUnavailable) {
               ThrowsIdem(ErrorCode::kStoreUnavailable));
   EXPECT_GE(store_->calls(Op::kComplete), 2u);
   EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// --- lost replies (issue 9): the call took effect in the store, the reply never came ---
+
+TEST_P(ExecutorFormTest, LostAcquireReplyNeverRunsTheActionAndTheOrphanLeaseIsStolenLater) {
+  Executor exec(store_, ExecutorOptions{.lease = 10s});
+  store_->lose_reply_next(Op::kAcquire);
+  int runs = 0;
+  const auto action = [&](const Attempt&) {
+    ++runs;
+    return std::string("v");
+  };
+  // SPEC §5.1: a store error at acquire means the action is not run, even though the store
+  // granted a lease that this process never learned of.
+  EXPECT_THAT([&] { (void)call(exec, "s", "k", action); },
+              ThrowsIdem(ErrorCode::kStoreUnavailable));
+  EXPECT_EQ(runs, 0);
+  const auto orphan = memory_->get("s", "k");
+  ASSERT_TRUE(orphan.has_value());
+  ASSERT_EQ(orphan->state, idem::RecordState::kInProgress);
+
+  // A retry sees its own orphaned lease as somebody else's: busy until that lease ends. It
+  // cannot tell the lease is its own (it never saw the token), so it must not run.
+  try {
+    (void)call(exec, "s", "k", action);
+    ADD_FAILURE() << "a retry ran while the orphaned lease was live";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), orphan->lease_expires_at);
+  }
+  EXPECT_EQ(runs, 0);
+
+  // Once the orphan's lease has passed, the next call steals it and runs as attempt 2.
+  clock_->advance(10s);
+  auto r = call(exec, "s", "k", [&](const Attempt& a) {
+    EXPECT_TRUE(a.stolen());
+    EXPECT_EQ(a.number(), 2u);
+    EXPECT_GT(a.token(), orphan->token);
+    return action(a);
+  });
+  EXPECT_EQ(r.value, "v");
+  EXPECT_EQ(runs, 1);
+}
+
+TEST_P(ExecutorFormTest, LostCompleteReplyReturnsTheRecordedResult) {
+  Executor exec(store_);
+  store_->lose_reply_next(Op::kComplete);
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+  // The record holds the result, so the caller gets it as a fresh result, read back
+  // instead of sent again.
+  EXPECT_EQ(r.value, "v");
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(store_->lost_replies(Op::kComplete), 1u);
+  EXPECT_EQ(store_->calls(Op::kComplete), 1u);
+  EXPECT_GE(store_->calls(Op::kGet), 1u);
+  EXPECT_THAT(memory_->get("s", "k"), IsCompleteWith(*r.token));
+  auto again = call(exec, "s", "k", [](const Attempt&) -> std::string {
+    ADD_FAILURE() << "ran twice";
+    return "x";
+  });
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.value, "v");
+}
+
+TEST_P(ExecutorFormTest, LostCompleteReplyAfterTheStoresLeaseDeadlineStillReturnsTheResult) {
+  Executor exec(store_, ExecutorOptions{.lease = 10s});
+  auto r = call(exec, "s", "k", [&](const Attempt&) {
+    // The process paused past its lease by the store's clock; nobody stole it, so the
+    // complete lands (SPEC §4), and only its reply is lost.
+    clock_->advance(15s);
+    store_->lose_reply_next(Op::kComplete);
+    return std::string("late");
+  });
+  EXPECT_EQ(r.value, "late");
+  EXPECT_EQ(memory_->get("s", "k")->payload, "late");
+}
+
+TEST_P(ExecutorFormTest, LostCompleteReplyAndFailedReadBackRetryTheCompleteAndReturnTheResult) {
+  Executor exec(store_);
+  store_->lose_reply_next(Op::kComplete);
+  store_->fail_next(Op::kGet);
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+  // The read-back failed too, so the complete went again: done, as a repeat with the
+  // completing token is (SPEC §4), and nothing changed.
+  EXPECT_EQ(r.value, "v");
+  EXPECT_EQ(store_->calls(Op::kComplete), 2u);
+  EXPECT_EQ(memory_->get("s", "k")->payload, "v");
+}
+
+TEST_P(ExecutorFormTest, FailedCompleteAfterATakeoverGivesLeaseLostWithoutAnotherWrite) {
+  Executor exec(store_, ExecutorOptions{.lease = 10s});
+  idem::Token thief = 0;
+  EXPECT_THAT(
+      [&] {
+        (void)call(exec, "s", "k", [&](const Attempt&) {
+          clock_->advance(15s);
+          thief = std::get<idem::Acquired>(memory_->acquire("s", "k", 10s, 1h)).lease.token;
+          store_->fail_next(Op::kComplete);
+          return std::string("stale");
+        });
+      },
+      ThrowsIdem(ErrorCode::kLeaseLost));
+  // The read-back showed another owner: the stale owner is fenced, and its complete is not
+  // sent again.
+  EXPECT_EQ(store_->calls(Op::kComplete), 1u);
+  EXPECT_THAT(memory_->get("s", "k"), IsInProgressWith(thief));
+}
+
+TEST_P(ExecutorFormTest, CompleteThatNeverLandsSaysTheResultWasNotRecorded) {
+  Executor exec(store_, ExecutorOptions{.lease = 200ms});
+  store_->fail_always(Op::kComplete);
+  try {
+    (void)call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+    ADD_FAILURE() << "no error";
+  } catch (const idem::StoreUnavailable& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the result was not recorded"));
+    EXPECT_EQ(e.key(), "k");
+  }
+  EXPECT_EQ(memory_->get("s", "k")->state, idem::RecordState::kInProgress);
+}
+
+TEST_P(ExecutorFormTest, CompleteWhoseOutcomeStaysUnknownSaysSo) {
+  Executor exec(store_, ExecutorOptions{.lease = 200ms});
+  store_->lose_reply_always(Op::kComplete);
+  store_->fail_always(Op::kGet);
+  try {
+    (void)call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+    ADD_FAILURE() << "no error";
+  } catch (const idem::StoreUnavailable& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("may or may not have been recorded"));
+  }
+  // It was recorded: a later call replays it.
+  store_->lose_reply_always(Op::kComplete, false);
+  store_->fail_always(Op::kGet, false);
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string("again"); });
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, "v");
+}
+
+TEST_P(ExecutorFormTest, LostReleaseReplyLeavesTheKeyClean) {
+  Executor exec(store_);
+  store_->lose_reply_next(Op::kRelease);
+  EXPECT_THROW(
+      (void)call(exec, "s", "k", [](const Attempt&) -> std::string { throw PaymentDeclined(1); }),
+      PaymentDeclined);
+  EXPECT_EQ(store_->lost_replies(Op::kRelease), 1u);
+  EXPECT_FALSE(memory_->get("s", "k").has_value());
+  auto r = call(exec, "s", "k", [](const Attempt& a) {
+    EXPECT_FALSE(a.stolen());
+    EXPECT_EQ(a.number(), 1u);
+    return std::string("second");
+  });
+  EXPECT_EQ(r.value, "second");
+}
+
+class LostExtendReplyTest : public idem::testing::SystemClockStoreTest,
+                            public ::testing::WithParamInterface<Op> {};
+
+INSTANTIATE_TEST_SUITE_P(Ops, LostExtendReplyTest,
+                         ::testing::Values(Op::kExtend, Op::kExtendMany),
+                         [](const ::testing::TestParamInfo<Op>& info) {
+                           return info.param == Op::kExtend ? "Extend" : "ExtendMany";
+                         });
+
+TEST_P(LostExtendReplyTest, HeartbeatKeepsTheLeaseWhenExtendRepliesAreLost) {
+  // The lease is long against the interval, so a loaded machine cannot make the local
+  // deadline pass between two beats.
+  Executor exec(store_, ExecutorOptions{.lease = 3s, .heartbeat = 50ms});
+  store_->lose_reply_next(GetParam(), 2);
+  auto r = exec.run("s", "k", [&](const Attempt& a) {
+    // Two lost replies, then extends that are answered.
+    EXPECT_TRUE(eventually([&] { return store_->lost_replies(GetParam()) == 2u; }));
+    const auto answered = store_->calls(Op::kExtend) + 1;
+    EXPECT_TRUE(eventually([&] { return store_->calls(Op::kExtend) > answered; }));
+    EXPECT_FALSE(a.lease_lost());
+    return std::string("kept");
+  });
+  EXPECT_EQ(r.value, "kept");
+  EXPECT_FALSE(r.replayed);
 }
 
 // --- limits and validation --------------------------------------------------------------

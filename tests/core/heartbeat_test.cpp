@@ -22,8 +22,8 @@
 #include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
-#include "support/fault_store.h"
-#include "support/matchers.h"
+#include "idem/testing/fault_store.h"
+#include "idem/testing/matchers.h"
 
 namespace {
 

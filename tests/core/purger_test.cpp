@@ -18,7 +18,7 @@
 #include "idem/error.h"
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
-#include "support/fault_store.h"
+#include "idem/testing/fault_store.h"
 
 namespace {
 

@@ -16,8 +16,8 @@
 #include "idem/executor.h"
 #include "support/eventually.h"
 #include "support/gate.h"
-#include "support/matchers.h"
-#include "support/store_fixtures.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_fixtures.h"
 
 namespace {
 

@@ -223,6 +223,9 @@ TEST(ParseUrl, ErrorsNeverShowThePassword) {
   expect_bad_url("postgresql://app:hun%zzter2@db/idem", "bad %-escape", {"hun", "ter2"});
   expect_bad_url("postgresql://db/idem?password=hunter2&x=%zz", "bad %-escape", {"hunter2"});
   expect_bad_url("sqlite:x.db?password=hunter2&x=%zz", "bad %-escape", {"hunter2"});
+  // Credentials with a mistyped "://" (issue 9, found by the secrets test).
+  expect_bad_url("redis//:hunter2@db/0", "bad character in scheme", {"hunter2"});
+  expect_bad_url("my redis:hunter2@db/0", "bad character in scheme", {"hunter2"});
 }
 
 // ---- redacted() ----

@@ -12,3 +12,8 @@ c++ -std=c++20 "$src/main.cpp" -o "$out/consumer-pc" $(pkg-config --cflags --lib
 # shellcheck disable=SC2046
 c++ -std=c++20 "$src/main.cpp" -o "$out/consumer-pc-static" $(pkg-config --cflags --libs --static idem)
 "$out/consumer-pc-static" "$out/consumer-pc-static.db"
+# The testing kit: the conformance suite and FaultStore through idem-testing alone.
+# shellcheck disable=SC2046
+c++ -std=c++20 "$src/testing/consumer_test.cpp" -o "$out/consumer-testing-pc" \
+  $(pkg-config --cflags --libs idem-testing)
+"$out/consumer-testing-pc" --gtest_brief=1

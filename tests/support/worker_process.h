@@ -130,6 +130,15 @@ class Worker {
     ASSERT_TRUE(WIFSTOPPED(status));
   }
 
+  // The worker's exit status (-1 after a signal) when it has exited, without waiting for
+  // it; nullopt while it runs or is stopped.
+  std::optional<int> exit_status() {
+    int status = 0;
+    if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
   // Waits for the worker to exit (bounded) and returns its exit status, or -1.
   int wait() {
     if (pid_ <= 0) return -1;

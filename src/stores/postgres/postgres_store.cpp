@@ -801,7 +801,7 @@ std::size_t parse_count(const std::string& name, const std::string& value) {
 
 }  // namespace
 
-std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& /*options*/) {
+std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& options) {
   if (!url.has_authority) {
     throw InvalidArgument("store URL", "'" + url.scheme +
                                            ":' needs '//': postgresql://user@host:port/db or "
@@ -849,6 +849,8 @@ std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& /*
     }
   }
   o.conninfo = conninfo;
+  o.read_only = options.read_only;
+  o.create_if_missing = options.create_if_missing;
   return std::make_shared<PostgresStore>(std::move(o));
 }
 

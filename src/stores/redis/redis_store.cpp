@@ -442,8 +442,9 @@ constexpr std::int64_t kMaxMs = 365LL * 24 * 3600 * 1000;
 
 }  // namespace
 
-std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions&) {
+std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& options) {
   RedisStoreOptions o;
+  o.read_only = options.read_only;
   if (!url.has_authority) {
     throw InvalidArgument("store URL", "'" + url.scheme + ":' needs '//': redis://host:port/db or "
                                        "unix:///path/redis.sock");

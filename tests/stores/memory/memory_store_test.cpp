@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "support/matchers.h"
-#include "conformance/store_conformance.h"
 #include "idem/error.h"
 #include "idem/open_store.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 
 namespace idem::testing {
 namespace {
@@ -35,20 +35,24 @@ StoreTestContext memory_context(std::string name, std::size_t shards, int stress
                           .stress_scale = stress_scale};
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Memory, StoreConformance,
-    ::testing::Values(memory_context("Sharded", 0, 20), memory_context("OneShard", 1, 5),
-                      // The system clock: the suite sleeps instead of
-                      // moving a fake clock, as it does for servers.
-                      StoreTestContext{.name = "SystemClock",
-                                       .make =
-                                           [](std::shared_ptr<ManualClock>) {
-                                             return std::make_shared<MemoryStore>();
-                                           },
-                                       .fake_clock = false,
-                                       .tick = Duration{100},
-                                       .stress_scale = 5}),
-    ContextName{});
+IDEM_INSTANTIATE_STORE_CONFORMANCE(
+    Memory, memory_context("Sharded", 0, 20), memory_context("OneShard", 1, 5),
+    // The system clock: the suite sleeps instead of moving a fake clock, as it does for
+    // servers.
+    StoreTestContext{
+        .name = "SystemClock",
+        .make = [](std::shared_ptr<ManualClock>) { return std::make_shared<MemoryStore>(); },
+        .fake_clock = false,
+        .tick = Duration{100},
+        .stress_scale = 5});
+
+// The suite lives in a static library (idem::testing); the instantiation above must have
+// linked every one of its files, whatever file a test of the suite is in.
+TEST(MemoryStore, InstantiationLinksEveryTestOfTheSuite) {
+  // Three contexts.
+  EXPECT_EQ(instantiated_conformance_tests("Memory"), 3 * store_conformance_test_count());
+  EXPECT_GT(store_conformance_test_count(), 50);
+}
 
 Duration seconds(int n) { return std::chrono::seconds(n); }
 

@@ -3,23 +3,20 @@
 
 #include <memory>
 
-#include "conformance/store_conformance.h"
 #include "idem/stores/postgres_store.h"
+#include "idem/testing/store_conformance.h"
 #include "stores/postgres/postgres_test_util.h"
 
 namespace idem::testing {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(
-    Postgres, StoreConformance,
-    ::testing::Values(StoreTestContext{
-        .name = "postgres",
-        .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
-          return fresh_postgres_store();
-        },
-        .fake_clock = false,
-        .tick = Duration{200}}),
-    ContextName{});
+IDEM_INSTANTIATE_STORE_CONFORMANCE(
+    Postgres, StoreTestContext{.name = "postgres",
+                               .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
+                                 return fresh_postgres_store();
+                               },
+                               .fake_clock = false,
+                               .tick = Duration{200}});
 
 }  // namespace
 }  // namespace idem::testing

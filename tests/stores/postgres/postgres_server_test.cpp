@@ -27,7 +27,8 @@
 #include "idem/stores/postgres_store.h"
 #include "stores/postgres/postgres_test_util.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
+#include "support/server_script.h"
 
 #ifndef IDEM_PRIVATE_SERVER_SCRIPT
 #error "IDEM_PRIVATE_SERVER_SCRIPT is set by tests/stores/postgres/CMakeLists.txt"
@@ -43,20 +44,7 @@ using ::testing::Not;
 
 // Runs private_server.sh; returns its standard output, or fails the test.
 std::string server_script(const std::string& command, const std::string& dir) {
-  const std::string line =
-      "bash '" + std::string(IDEM_PRIVATE_SERVER_SCRIPT) + "' " + command + " '" + dir + "'";
-  FILE* p = ::popen(line.c_str(), "r");
-  if (p == nullptr) {
-    ADD_FAILURE() << "cannot run " << line;
-    return {};
-  }
-  std::string out;
-  char buf[256];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  const int status = ::pclose(p);
-  EXPECT_EQ(status, 0) << line << " failed";
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
+  return run_server_script(IDEM_PRIVATE_SERVER_SCRIPT, command, dir);
 }
 
 // The private server, started once for the whole executable.

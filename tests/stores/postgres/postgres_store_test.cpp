@@ -23,7 +23,7 @@
 #include "idem/stores/postgres_store.h"
 #include "stores/postgres/postgres_test_util.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {
@@ -324,6 +324,29 @@ TEST(PostgresStoreSchema, ReadOnlyStoreReadsAndRefusesWrites) {
   EXPECT_THAT(store_error([&] { (void)reader.forget("s", "k"); }), HasSubstr("read-only"));
 }
 
+TEST(PostgresStoreSchema, OpenStoreHonoursOpenOptions) {
+  const std::string table = fresh_table();
+  const std::string url = url_with("table=" + table);
+  for (const OpenOptions& options : {OpenOptions{.read_only = true},
+                                     OpenOptions{.create_if_missing = false}}) {
+    EXPECT_THAT(store_error([&] { open_store(url, options); }), HasSubstr("does not exist"));
+  }
+  RawPg raw(postgres_url());
+  EXPECT_EQ(raw.value("SELECT count(*) FROM pg_class WHERE relname = '" + table + "'"), "0");
+
+  auto writer = open_store(url);
+  const Token t = acquire_token(*writer, "s", "k");
+  ASSERT_THAT(writer->complete("s", "k", t, "v", 1h), IsDone());
+  auto reader = open_store(url, OpenOptions{.read_only = true});
+  EXPECT_EQ(reader->get("s", "k").value().payload, "v");
+  EXPECT_THAT(store_error([&] { (void)reader->acquire("s", "other", 1h, 1h); }),
+              HasSubstr("read-only"));
+  EXPECT_EQ(writer->get("s", "other"), std::nullopt);
+  writer.reset();
+  reader.reset();
+  testing::drop_table(postgres_url(), table);
+}
+
 // --- the acquire strategies: each path keeps the contract ---
 
 class PostgresAcquireModes : public ::testing::TestWithParam<PostgresAcquire> {
@@ -506,11 +529,11 @@ TEST(PostgresStoreTables, HostileScopeKeyPayloadAndFingerprintRoundTripByteExact
       const std::string payload = key + std::string("\0payload\\'", 11) + scope;
       const std::string fingerprint = "fp\0" + key.substr(0, 50);
       AcquireResult r = s->acquire(scope, key, 1h, 1h, fingerprint);
-      ASSERT_THAT(r, IsFreshlyAcquired()) << testing_detail::preview(key);
+      ASSERT_THAT(r, IsFreshlyAcquired()) << preview(key);
       const Token t = std::get<Acquired>(r).lease.token;
       ASSERT_THAT(s->complete(scope, key, t, payload, 1h), IsDone());
       AcquireResult replay = s->acquire(scope, key, 1h, 1h);
-      ASSERT_THAT(replay, IsReplay(payload)) << testing_detail::preview(key);
+      ASSERT_THAT(replay, IsReplay(payload)) << preview(key);
       EXPECT_EQ(std::get<Replay>(replay).fingerprint, fingerprint);
       std::optional<Record> rec = s->get(scope, key);
       ASSERT_TRUE(rec.has_value());

@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "conformance/store_conformance.h"
 #include "idem/stores/redis_store.h"
+#include "idem/testing/store_conformance.h"
 #include "stores/redis/redis_test_util.h"
 
 namespace idem::testing {
@@ -27,18 +27,15 @@ class RedisEnvironment : public ::testing::Environment {
 ::testing::Environment* const kRedisEnvironment =
     ::testing::AddGlobalTestEnvironment(new RedisEnvironment);
 
-INSTANTIATE_TEST_SUITE_P(
-    Redis, StoreConformance,
-    ::testing::Values(StoreTestContext{
-        .name = "redis",
-        .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
-          return std::make_shared<RedisStore>(shared_options());
-        },
-        .fake_clock = false,
-        .tick = Duration{200},
-        .native_expiry = true,
-        .store_wide_tokens = false}),
-    ContextName{});
+IDEM_INSTANTIATE_STORE_CONFORMANCE(
+    Redis, StoreTestContext{.name = "redis",
+                            .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
+                              return std::make_shared<RedisStore>(shared_options());
+                            },
+                            .fake_clock = false,
+                            .tick = Duration{200},
+                            .native_expiry = true,
+                            .store_wide_tokens = false});
 
 }  // namespace
 }  // namespace idem::testing

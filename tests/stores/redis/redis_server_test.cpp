@@ -22,7 +22,7 @@
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {

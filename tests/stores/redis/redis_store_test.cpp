@@ -23,7 +23,7 @@
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {
@@ -361,6 +361,22 @@ TEST_F(RedisStoreTest, ReadOnlyStoreAnswersReplaysAndBusyAndWritesNothing) {
   refused([&] { (void)reader->forget("s", "done"); });
   EXPECT_EQ(keys(raw).size(), before);
   EXPECT_EQ(reader->get("s", "held").value().lease_expires_at, held.lease_expires_at);
+}
+
+TEST_F(RedisStoreTest, OpenStoreHonoursReadOnly) {
+  auto writer = open();
+  const Lease done = std::get<Acquired>(writer->acquire("s", "done", 30s, 1h)).lease;
+  ASSERT_THAT(writer->complete("s", "done", done.token, "result", 1h), IsDone());
+  auto reader =
+      open_store(with_param(url_, "prefix", options_.prefix), OpenOptions{.read_only = true});
+  EXPECT_THAT(reader->acquire("s", "done", 30s, 1h), IsReplay("result"));
+  try {
+    (void)reader->acquire("s", "absent", 30s, 1h);
+    ADD_FAILURE() << "a store opened read-only by open_store wrote";
+  } catch (const StoreUnavailable& e) {
+    EXPECT_THAT(e.what(), HasSubstr("read-only"));
+  }
+  EXPECT_EQ(writer->get("s", "absent"), std::nullopt);
 }
 
 TEST_F(RedisStoreTest, HeartbeatKeepsALongActionsLeaseThroughBatchedExtends) {

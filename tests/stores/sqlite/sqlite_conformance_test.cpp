@@ -3,23 +3,21 @@
 
 #include <memory>
 
-#include "conformance/store_conformance.h"
 #include "idem/stores/sqlite_store.h"
+#include "idem/testing/store_conformance.h"
 #include "stores/sqlite/sqlite_test_util.h"
 
 namespace idem::testing {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(
-    Sqlite, StoreConformance,
-    ::testing::Values(StoreTestContext{
-        .name = "sqlite",
-        .make = [](std::shared_ptr<ManualClock> clock) -> std::shared_ptr<Store> {
-          return std::make_shared<SqliteStore>(
-              SqliteStoreOptions{.path = fresh_db_path("conformance"), .clock = std::move(clock)});
-        },
-        .fake_clock = true}),
-    ContextName{});
+IDEM_INSTANTIATE_STORE_CONFORMANCE(
+    Sqlite,
+    StoreTestContext{.name = "sqlite",
+                     .make = [](std::shared_ptr<ManualClock> clock) -> std::shared_ptr<Store> {
+                       return std::make_shared<SqliteStore>(SqliteStoreOptions{
+                           .path = fresh_db_path("conformance"), .clock = std::move(clock)});
+                     },
+                     .fake_clock = true});
 
 }  // namespace
 }  // namespace idem::testing

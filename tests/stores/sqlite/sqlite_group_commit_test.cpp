@@ -32,7 +32,7 @@
 #include "stores/sqlite/sqlite_test_util.h"
 #include "stores/sqlite/sqlite_write_queue.h"
 #include "support/eventually.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 
 namespace idem {
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 #include <variant>
 
-#include "conformance/test_data.h"
+#include "testing/conformance/test_data.h"
 #include "idem/error.h"
 #include "idem/stores/sqlite_store.h"
 #include "stores/sqlite/sqlite_test_util.h"

@@ -9,7 +9,7 @@
 
 #include "idem/clock.h"
 #include "idem/stores/memory_store.h"
-#include "support/fault_store.h"
+#include "idem/testing/fault_store.h"
 
 namespace idem::testing {
 

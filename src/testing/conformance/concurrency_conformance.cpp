@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "support/matchers.h"
-#include "conformance/store_conformance.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 
 namespace idem::testing {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "support/matchers.h"
-#include "conformance/store_conformance.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 #include "idem/error.h"
 
 namespace idem::testing {

@@ -1,4 +1,4 @@
-#include "conformance/store_conformance.h"
+#include "idem/testing/store_conformance.h"
 
 #include <gmock/gmock.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 
@@ -95,8 +95,8 @@ void StoreConformance::expect_same_record(const Record& before, const Record& af
   } else {
     EXPECT_EQ(after.completed_at, before.completed_at);
     EXPECT_TRUE(after.payload == before.payload)
-        << "payload changed from " << testing_detail::preview(before.payload) << " to "
-        << testing_detail::preview(after.payload);
+        << "payload changed from " << preview(before.payload) << " to "
+        << preview(after.payload);
   }
 }
 

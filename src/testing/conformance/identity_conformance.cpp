@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "support/matchers.h"
-#include "conformance/store_conformance.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 #include "conformance/test_data.h"
 
 namespace idem::testing {

@@ -10,17 +10,17 @@
 
 #include <cstdint>
 #include <functional>
-#include <optional>
-#include <tuple>
 #include <limits>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <variant>
 #include <vector>
 
-#include "conformance/store_conformance.h"
 #include "conformance/test_data.h"
 #include "idem/error.h"
-#include "support/matchers.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 
 namespace idem::testing {
 namespace {

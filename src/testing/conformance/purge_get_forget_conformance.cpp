@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "support/matchers.h"
-#include "conformance/store_conformance.h"
+#include "idem/testing/matchers.h"
+#include "idem/testing/store_conformance.h"
 
 namespace idem::testing {
 namespace {

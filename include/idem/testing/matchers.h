@@ -6,6 +6,7 @@
 //   EXPECT_THAT(store.acquire(...), IsAcquired());
 //   EXPECT_THAT(store.acquire(...), IsReplay("payload"));
 //   EXPECT_THAT(store.complete(...), IsFenced());
+//   EXPECT_THAT(exec.run(...), IsReplayed());
 //   EXPECT_THAT([&] { exec.run(...); }, ThrowsIdem(idem::ErrorCode::kInProgress));
 
 #include <gmock/gmock.h>
@@ -21,11 +22,10 @@
 #include "idem/error.h"
 #include "idem/types.h"
 
-namespace idem {
+namespace idem::testing {
 
-namespace testing_detail {
-
-// Payloads can be many MiB; a failure message shows only their size and first bytes.
+// Bytes for a failure message: their size and first 32 bytes, escaped (payloads can be many
+// MiB, and binary).
 inline std::string preview(std::string_view bytes) {
   constexpr std::size_t kShown = 32;
   std::string out = std::to_string(bytes.size()) + " bytes \"";
@@ -44,20 +44,26 @@ inline std::string preview(std::string_view bytes) {
   return out + "\"";
 }
 
+namespace detail {
+
 inline std::string show(const std::optional<std::string>& fingerprint) {
   return fingerprint ? preview(*fingerprint) : std::string("none");
 }
 
 inline long long ms(Timestamp t) { return static_cast<long long>(t.time_since_epoch().count()); }
 
-}  // namespace testing_detail
+}  // namespace detail
+}  // namespace idem::testing
 
-// Printers found by argument-dependent lookup, so googletest shows outcomes readably.
+namespace idem {
+
+// Printers found by argument-dependent lookup (so in namespace idem, beside the types), so
+// googletest shows outcomes readably.
 inline void PrintTo(const Lease& lease, std::ostream* os) {
   *os << "Lease{token=" << lease.token << ", attempt=" << lease.attempt
-      << ", acquired_at=" << testing_detail::ms(lease.acquired_at)
-      << ", lease_expires_at=" << testing_detail::ms(lease.lease_expires_at)
-      << ", expires_at=" << testing_detail::ms(lease.expires_at)
+      << ", acquired_at=" << testing::detail::ms(lease.acquired_at)
+      << ", lease_expires_at=" << testing::detail::ms(lease.lease_expires_at)
+      << ", expires_at=" << testing::detail::ms(lease.expires_at)
       << ", lease_remaining=" << lease.lease_remaining.count() << "ms}";
 }
 
@@ -68,16 +74,16 @@ inline void PrintTo(const Acquired& a, std::ostream* os) {
 }
 
 inline void PrintTo(const Busy& b, std::ostream* os) {
-  *os << "Busy{lease_expires_at=" << testing_detail::ms(b.lease_expires_at)
+  *os << "Busy{lease_expires_at=" << testing::detail::ms(b.lease_expires_at)
       << ", lease_remaining=" << b.lease_remaining.count()
-      << "ms, fingerprint=" << testing_detail::show(b.fingerprint) << "}";
+      << "ms, fingerprint=" << testing::detail::show(b.fingerprint) << "}";
 }
 
 inline void PrintTo(const Replay& r, std::ostream* os) {
-  *os << "Replay{payload=" << testing_detail::preview(r.payload)
-      << ", completed_at=" << testing_detail::ms(r.completed_at)
-      << ", expires_at=" << testing_detail::ms(r.expires_at)
-      << ", fingerprint=" << testing_detail::show(r.fingerprint) << "}";
+  *os << "Replay{payload=" << testing::preview(r.payload)
+      << ", completed_at=" << testing::detail::ms(r.completed_at)
+      << ", expires_at=" << testing::detail::ms(r.expires_at)
+      << ", fingerprint=" << testing::detail::show(r.fingerprint) << "}";
 }
 
 inline void PrintTo(const AcquireResult& r, std::ostream* os) {
@@ -89,7 +95,7 @@ inline void PrintTo(WriteResult r, std::ostream* os) { *os << to_string(r); }
 inline void PrintTo(const ExtendResult& r, std::ostream* os) {
   *os << "ExtendResult{" << to_string(r.result);
   if (r.done()) {
-    *os << ", lease_expires_at=" << testing_detail::ms(r.lease_expires_at)
+    *os << ", lease_expires_at=" << testing::detail::ms(r.lease_expires_at)
         << ", lease_remaining=" << r.lease_remaining.count() << "ms";
   }
   *os << "}";
@@ -98,18 +104,20 @@ inline void PrintTo(const ExtendResult& r, std::ostream* os) {
 inline void PrintTo(const Record& r, std::ostream* os) {
   *os << "Record{" << to_string(r.state) << ", token=" << r.token;
   if (r.state == RecordState::kInProgress) {
-    *os << ", attempt=" << r.attempt << ", acquired_at=" << testing_detail::ms(r.acquired_at)
-        << ", lease_expires_at=" << testing_detail::ms(r.lease_expires_at);
+    *os << ", attempt=" << r.attempt << ", acquired_at=" << testing::detail::ms(r.acquired_at)
+        << ", lease_expires_at=" << testing::detail::ms(r.lease_expires_at);
   } else {
-    *os << ", completed_at=" << testing_detail::ms(r.completed_at)
-        << ", payload=" << testing_detail::preview(r.payload);
+    *os << ", completed_at=" << testing::detail::ms(r.completed_at)
+        << ", payload=" << testing::preview(r.payload);
   }
-  *os << ", expires_at=" << testing_detail::ms(r.expires_at)
-      << ", fingerprint=" << testing_detail::show(r.fingerprint)
-      << ", now=" << testing_detail::ms(r.now) << "}";
+  *os << ", expires_at=" << testing::detail::ms(r.expires_at)
+      << ", fingerprint=" << testing::detail::show(r.fingerprint)
+      << ", now=" << testing::detail::ms(r.now) << "}";
 }
 
-namespace testing {
+}  // namespace idem
+
+namespace idem::testing {
 
 // acquire granted a lease (fresh or stolen).
 MATCHER(IsAcquired, "is Acquired") { return std::holds_alternative<Acquired>(arg); }
@@ -133,7 +141,7 @@ MATCHER(IsBusy, "is Busy") { return std::holds_alternative<Busy>(arg); }
 MATCHER(IsReplay, "is Replay") { return std::holds_alternative<Replay>(arg); }
 
 // A Replay whose payload is byte-exact `payload` (a failure shows only a preview).
-MATCHER_P(IsReplay, payload, "is Replay of " + testing_detail::preview(payload)) {
+MATCHER_P(IsReplay, payload, "is Replay of " + preview(payload)) {
   const auto* r = std::get_if<Replay>(&arg);
   return r != nullptr && r->payload == std::string_view(payload);
 }
@@ -167,6 +175,18 @@ MATCHER_P(IsCompleteWith, token,
   return arg.has_value() && arg->state == RecordState::kComplete && arg->token == token;
 }
 
+// For what Executor::run returns (Result<T>): the value is a stored result of an earlier
+// run and the action did not run ...
+MATCHER(IsReplayed, "is a replayed result") { return arg.replayed; }
+
+// ... or the action ran here.
+MATCHER(IsFresh, "is a fresh result (the action ran)") { return !arg.replayed; }
+
+// A Result<T> whose value matches `m`: EXPECT_THAT(r, AllOf(IsReplayed(), HasValue("ok"))).
+MATCHER_P(HasValue, m, "has a value that matches") {
+  return ::testing::ExplainMatchResult(m, arg.value, result_listener);
+}
+
 // Matches a callable that throws an idem::Error with the given code.
 MATCHER_P(ThrowsIdem, code, std::string("throws idem::Error with code ") + to_string(code)) {
   try {
@@ -182,5 +202,4 @@ MATCHER_P(ThrowsIdem, code, std::string("throws idem::Error with code ") + to_st
   return false;
 }
 
-}  // namespace testing
-}  // namespace idem
+}  // namespace idem::testing

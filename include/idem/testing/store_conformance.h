@@ -1,14 +1,14 @@
 #pragma once
 
-// The one conformance suite every store runs unchanged (SPEC §3–§8). A store's test
-// executable links the `idem_conformance` object library and instantiates the suite:
+// The one conformance suite every store runs unchanged (SPEC §3–§8), part of the testing
+// kit (docs/testing.md). A store's test program links `idem::testing` and instantiates the
+// suite with one or more contexts, at namespace scope:
 //
-//   INSTANTIATE_TEST_SUITE_P(Memory, StoreConformance,
-//                            ::testing::Values(idem::testing::StoreTestContext{
-//                                .name = "memory",
-//                                .make = [](std::shared_ptr<idem::ManualClock> clock) {...},
-//                                .fake_clock = true}),
-//                            idem::testing::ContextName{});
+//   IDEM_INSTANTIATE_STORE_CONFORMANCE(
+//       Memory, idem::testing::StoreTestContext{
+//                   .name = "memory",
+//                   .make = [](std::shared_ptr<idem::ManualClock> clock) {...},
+//                   .fake_clock = true});
 
 #include <gtest/gtest.h>
 
@@ -116,4 +116,37 @@ struct AbortTest : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+namespace detail {
+// Calls into every file of the suite, so a program that instantiates the suite links all
+// of them out of the static library (and a program that does not, none). Returns true.
+bool link_store_conformance();
+}  // namespace detail
+
+// How many tests the suite gives each context, counted when the library was built.
+int store_conformance_test_count();
+// How many tests of the suite this program registered under `prefix` (every context's): a
+// program can check it got them all, contexts * store_conformance_test_count().
+int instantiated_conformance_tests(std::string_view prefix);
+
 }  // namespace idem::testing
+
+// Instantiates the suite as `prefix/StoreConformance.Test/context-name` for each context
+// (one or more StoreTestContext values), at namespace scope, once per prefix. GoogleTest
+// needs the fixture's unqualified name, so the macro brings `StoreConformance` into the
+// namespace where it is used.
+#define IDEM_INSTANTIATE_STORE_CONFORMANCE(prefix, ...)                              \
+  using ::idem::testing::StoreConformance;                                           \
+  INSTANTIATE_TEST_SUITE_P(prefix, StoreConformance, ::testing::Values(__VA_ARGS__), \
+                           ::idem::testing::ContextName{});                          \
+  [[maybe_unused]] static const bool idem_store_conformance_linked_##prefix =        \
+      ::idem::testing::detail::link_store_conformance()
+
+#ifdef IDEM_CONFORMANCE_UNIT
+// Only in the suite's own files, whose build defines IDEM_CONFORMANCE_UNIT to a name of
+// their own (src/testing/conformance/CMakeLists.txt): the function through which
+// link_store_conformance() reaches the file.
+namespace idem::testing::detail {
+void IDEM_CONFORMANCE_UNIT();
+void IDEM_CONFORMANCE_UNIT() {}
+}  // namespace idem::testing::detail
+#endif

@@ -1,0 +1,306 @@
+// The crash soak, one test per store (docs/RELIABILITY.md, "Crash soak"). Worker processes
+// (soak_worker.cpp) run a mixed workload through idem::Executor over a small key space while
+// this controller SIGKILLs, SIGSTOPs and SIGCONTs them at random and, for server stores,
+// kills its private server and starts it again. Afterwards the workers' logs and the store's
+// final records are checked (soak_log.h): no key completed twice, every stored or replayed
+// payload came from an action that ran with the token that completed it, and no completed
+// record vanished before its TTL.
+//
+// Environment: IDEM_SOAK_SECONDS (default 45), IDEM_SOAK_WORKERS (default 4) and
+// IDEM_SOAK_SEED (default: from the clock; printed, and it replays the controller's choice
+// of faults, not the machine's timing). A longer run: scripts/soak.sh. A server store's
+// soak fails instead of skipping when its server program is missing and
+// IDEM_REQUIRE_SERVERS=1.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/error.h"
+#include "idem/open_store.h"
+#include "soak/soak_log.h"
+#include "support/server_script.h"
+#include "support/worker_process.h"
+
+#ifdef IDEM_SOAK_REDIS
+#include "stores/redis/redis_test_util.h"
+#endif
+
+namespace idem::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::int64_t kExpiringTtlMs = 500;
+
+long env_number(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::stol(v) : fallback;
+}
+
+bool require_servers() {
+  const char* v = std::getenv("IDEM_REQUIRE_SERVERS");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// The store under soak: its URL and, for a server store, how to crash and restart it.
+struct Target {
+  std::string name;
+  std::string url;
+  std::function<void()> kill_server;  // null for an embedded store
+  std::function<void()> restart_server;
+  // SIGSTOP and SIGCONT for the server (null where the soak does not freeze it): calls in
+  // flight time out, so replies to writes that took effect are lost.
+  std::function<void()> pause_server;
+  std::function<void()> resume_server;
+  bool unique_tokens = true;  // SPEC §2: tokens unique across keys
+};
+
+// A temporary directory, removed at the end.
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/idem-soak-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct Figures {
+  long killed = 0;
+  long paused = 0;
+  long server_restarts = 0;
+  long server_pauses = 0;
+  long workers_started = 0;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs the soak on `target`, with logs in `dir`.
+void soak(const Target& target, const std::string& dir) {
+  const long seconds = env_number("IDEM_SOAK_SECONDS", 45);
+  const long workers = env_number("IDEM_SOAK_WORKERS", 4);
+  const std::uint64_t seed = static_cast<std::uint64_t>(env_number(
+      "IDEM_SOAK_SEED", std::chrono::system_clock::now().time_since_epoch().count() % 1000000));
+  const std::int64_t durable_ttl_ms = seconds * 1000 + 3'600'000;
+  std::cout << "crash soak " << target.name << ": " << seconds << " s, " << workers
+            << " workers, seed " << seed << " (IDEM_SOAK_SEED=" << seed << ")" << std::endl;
+  std::mt19937_64 rng(seed);
+  auto between = [&](long lo, long hi) { return lo + static_cast<long>(rng() % (hi - lo + 1)); };
+
+  Figures figures;
+  std::vector<std::string> logs;
+  struct Slot {
+    std::unique_ptr<Worker> worker;
+    std::string log;
+    bool paused = false;
+    Clock::time_point resume_at;
+  };
+  auto spawn = [&](Slot& slot) {
+    logs.push_back(dir + "/worker-" + std::to_string(logs.size()) + ".log");
+    slot.log = logs.back();
+    slot.worker = std::make_unique<Worker>(std::vector<std::string>{
+        target.url, logs.back(), std::to_string(seed * 10'000 + logs.size()),
+        std::to_string(kExpiringTtlMs), std::to_string(durable_ttl_ms)});
+    slot.paused = false;
+    ++figures.workers_started;
+  };
+  std::vector<Slot> slots(static_cast<std::size_t>(workers));
+  for (Slot& s : slots) spawn(s);
+
+  const auto end = Clock::now() + std::chrono::seconds(seconds);
+  auto next_server_crash = Clock::now() + std::chrono::milliseconds(between(3000, 8000));
+  while (Clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(between(30, 250)));
+    for (Slot& s : slots) {
+      if (s.paused && Clock::now() >= s.resume_at) {
+        s.worker->signal(SIGCONT);
+        s.paused = false;
+      }
+      if (!s.paused) {
+        if (std::optional<int> status = s.worker->exit_status()) {
+          ADD_FAILURE() << "a soak worker exited by itself with status " << *status
+                        << "; its log: " << s.log;
+          spawn(s);
+        }
+      }
+    }
+    Slot& s = slots[rng() % slots.size()];
+    const long roll = between(0, 99);
+    if (roll < 25) {
+      s.worker->signal(SIGKILL);
+      s.worker->wait();
+      ++figures.killed;
+      spawn(s);
+    } else if (roll < 60 && !s.paused) {
+      // Up to five leases: long enough for other workers to steal what it holds.
+      s.worker->stop();
+      s.paused = true;
+      s.resume_at = Clock::now() + std::chrono::milliseconds(between(50, 2000));
+      ++figures.paused;
+    }
+    if (target.kill_server && Clock::now() >= next_server_crash) {
+      const auto down_for = std::chrono::milliseconds(between(100, 1500));
+      if (target.pause_server && between(0, 2) == 0) {
+        target.pause_server();
+        std::this_thread::sleep_for(down_for);
+        target.resume_server();
+        ++figures.server_pauses;
+      } else {
+        target.kill_server();
+        std::this_thread::sleep_for(down_for);
+        target.restart_server();
+        ++figures.server_restarts;
+      }
+      next_server_crash = Clock::now() + std::chrono::milliseconds(between(3000, 8000));
+    }
+  }
+
+  // The end: every worker resumes, finishes its calls and exits on its own.
+  for (Slot& s : slots) {
+    if (s.paused) s.worker->signal(SIGCONT);
+  }
+  for (Slot& s : slots) s.worker->write_line("stop");
+  for (Slot& s : slots) EXPECT_EQ(s.worker->wait(), 0) << "a soak worker did not stop cleanly";
+
+  std::vector<std::string> texts;
+  for (const std::string& path : logs) texts.push_back(read_file(path));
+  std::map<std::string, soak::FinalRecord> final_records;
+  std::shared_ptr<Store> store = open_store(target.url);
+  for (const std::string& key : soak::keys_in_logs(texts)) {
+    std::optional<Record> r = store->get("soak", key);
+    if (!r) continue;
+    soak::FinalRecord& f = final_records[key];
+    f.complete = r->state == RecordState::kComplete;
+    f.token = r->token;
+    if (f.complete) f.digest = soak::digest(r->payload);
+  }
+  // After the reads: a completion whose TTL cannot have passed by now was there when read.
+  const std::int64_t checked_at = soak::wall_ms();
+  const soak::SoakRules rules{.expiring_ttl_ms = kExpiringTtlMs,
+                              .durable_ttl_ms = durable_ttl_ms,
+                              .unique_tokens_store_wide = target.unique_tokens};
+  const soak::SoakReport report = soak::check_soak(texts, final_records, checked_at, rules);
+
+  std::cout << "crash soak " << target.name << ": " << figures.workers_started
+            << " worker processes, " << figures.killed << " killed (SIGKILL), " << figures.paused
+            << " paused (SIGSTOP/SIGCONT), " << figures.server_restarts
+            << " server crashes and restarts, " << figures.server_pauses << " server pauses; "
+            << report.calls << " calls over " << report.keys << " keys: " << report.ran
+            << " actions ran, " << report.completed << " completed, " << report.replays
+            << " replays, " << report.busy << " busy, " << report.lost << " leases lost, "
+            << report.released << " released (the action threw), " << report.unavailable
+            << " store unavailable; " << report.purged << " records purged; " << report.torn
+            << " log lines cut by a kill; violations " << report.violations.size() << std::endl;
+  EXPECT_GT(report.completed, 0);
+  EXPECT_GT(report.replays, 0);
+  EXPECT_EQ(report.violations.size(), 0u);
+  for (std::size_t i = 0; i < report.violations.size() && i < 30; ++i) {
+    ADD_FAILURE() << report.violations[i];
+  }
+  if (::testing::Test::HasFailure()) {
+    // Keep the logs for a look.
+    const std::string kept = "/tmp/idem-soak-failed-" + std::to_string(::getpid());
+    std::error_code ec;
+    fs::copy(dir, kept, fs::copy_options::recursive, ec);
+    std::cout << "the workers' logs are kept in " << kept << std::endl;
+  }
+}
+
+TEST(CrashSoak, Sqlite) {
+  TempDir dir;
+  soak(Target{.name = "sqlite",
+              .url = "sqlite://" + dir.path() + "/soak.db",
+              .kill_server = nullptr,
+              .restart_server = nullptr,
+              .pause_server = nullptr,
+              .resume_server = nullptr,
+              .unique_tokens = true},
+       dir.path());
+}
+
+#ifdef IDEM_PG_PRIVATE_SERVER_SCRIPT
+TEST(CrashSoak, Postgres) {
+  if (::geteuid() != 0 || !fs::exists("/usr/lib/postgresql/15/bin/initdb")) {
+    if (require_servers())
+      FAIL() << "IDEM_REQUIRE_SERVERS=1 but the PostgreSQL soak needs root and PostgreSQL 15";
+    GTEST_SKIP() << "the PostgreSQL soak needs root and PostgreSQL 15";
+  }
+  TempDir logs;
+  TempDir server;
+  const std::string script = IDEM_PG_PRIVATE_SERVER_SCRIPT;
+  struct Destroy {
+    std::function<void()> f;
+    ~Destroy() { f(); }
+  } destroy{[&] { run_server_script(script, "destroy", server.path()); }};
+  const std::string port = run_server_script(script, "start", server.path());
+  ASSERT_FALSE(port.empty());
+  // The workers use the unix socket in the server's directory, which trusts local users.
+  // `pg_ctl stop -m immediate` ends the server without a checkpoint, as a crash would.
+  soak(Target{.name = "postgres",
+              .url = "postgresql:///idem_test?host=" + server.path() + "&port=" + port +
+                     "&user=postgres&table=idem_soak",
+              .kill_server = [&] { run_server_script(script, "stop", server.path()); },
+              .restart_server = [&] { run_server_script(script, "resume", server.path()); },
+              .pause_server = nullptr,
+              .resume_server = nullptr,
+              .unique_tokens = true},
+       logs.path());
+}
+#endif
+
+#ifdef IDEM_SOAK_REDIS
+TEST(CrashSoak, Redis) {
+  if (!have_program("redis-server")) {
+    if (require_servers()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but redis-server is not installed";
+    GTEST_SKIP() << "redis-server is not installed";
+  }
+  TempDir logs;
+  // With AOF and `appendfsync always` Redis writes every change to its log before it
+  // answers, so a SIGKILL loses nothing it acknowledged (docs/stores/redis.md); without
+  // persistence a restart would forget every record, which the soak would rightly report.
+  PrivateRedis server({"--appendonly", "yes", "--appendfsync", "always"});
+  ASSERT_TRUE(server.ok());
+  // A call times out after 300 ms (5 s by default), so that a paused server loses replies.
+  soak(Target{.name = "redis",
+              .url = server.url() + "?timeout=300",
+              .kill_server = [&] { server.kill(); },
+              .restart_server = [&] { server.restart(); },
+              .pause_server = [&] { server.pause(); },
+              .resume_server = [&] { server.resume(); },
+              // SPEC §2: Redis tokens are per key.
+              .unique_tokens = false},
+       logs.path());
+}
+#endif
+
+}  // namespace
+}  // namespace idem::testing
