@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace idem::cli {
 
@@ -14,6 +16,11 @@ struct Command {
   // the exception into a message and an exit status (report_error).
   std::function<int()> run;
 };
+
+// Makes `app` the `idem` tool: its name, description, --version (printing `version`) and
+// every command with its options. Parsing with it has no side effects: nothing runs until
+// main calls the chosen command's `run` (fuzz/fuzz_cli_args.cpp relies on that).
+std::vector<Command> build_app(CLI::App& app, const std::string& version);
 
 Command add_run_command(CLI::App& parent);
 Command add_show_command(CLI::App& parent);

@@ -159,8 +159,13 @@ std::optional<std::size_t> parse_size(std::string_view text) {
 
 std::string iso8601(Timestamp t) {
   std::int64_t ms = t.time_since_epoch().count();
-  std::int64_t seconds = ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000);
-  auto millis = static_cast<int>(ms - seconds * 1000);
+  // Rounded down, without negating or multiplying back (both overflow at the extremes).
+  std::int64_t seconds = ms / 1000;
+  auto millis = static_cast<int>(ms % 1000);
+  if (millis < 0) {
+    --seconds;
+    millis += 1000;
+  }
   std::time_t tt = static_cast<std::time_t>(seconds);
   std::tm tm{};
   ::gmtime_r(&tt, &tm);
@@ -170,7 +175,13 @@ std::string iso8601(Timestamp t) {
 
 std::string human_duration(Duration d) {
   std::int64_t ms = d.count();
-  if (ms < 0) return "-" + human_duration(Duration{-ms});
+  if (ms < 0) {
+    // The most negative count has no positive twin; one millisecond less reads the same.
+    const std::int64_t magnitude = ms == std::numeric_limits<std::int64_t>::min()
+                                       ? std::numeric_limits<std::int64_t>::max()
+                                       : -ms;
+    return "-" + human_duration(Duration{magnitude});
+  }
   if (ms < 1000) return fmt::format("{} ms", ms);
   if (ms < 60'000) return fmt::format("{:.1f} s", static_cast<double>(ms) / 1000.0);
   std::int64_t s = ms / 1000;

@@ -45,23 +45,11 @@ int main(int argc, char** argv) {
   // not end idem while it holds a lease. The child gets the default back (child.cpp).
   ::signal(SIGPIPE, SIG_IGN);
 
-  CLI::App app{
-      "idem: run a command at most once per key, and inspect, purge and measure "
-      "the store that remembers it.",
-      "idem"};
-  app.set_version_flag("--version", "idem " IDEM_VERSION);
-  app.require_subcommand(1);
-  app.footer("Run `idem COMMAND --help` for a command's options. Documentation: docs/cli.md.");
-  std::vector<Command> commands = {add_run_command(app), add_show_command(app),
-                                   add_purge_command(app), add_forget_command(app),
-                                   add_bench_command(app)};
-  commands.push_back(add_proxy_command(app));
+  CLI::App app;
+  const std::vector<Command> commands = build_app(app, "idem " IDEM_VERSION);
   std::string names;
   for (const Command& command : commands) {
     names += (names.empty() ? "" : ", ") + command.app->get_name();
-    // Left-over arguments are reported below, in the order they were given (`idem run`
-    // has none: everything from its command on belongs to the command).
-    if (command.app->get_name() != "run") command.app->allow_extras();
   }
   // The command's name, for messages: "idem run: ...".
   std::string name;

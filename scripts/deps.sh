@@ -11,6 +11,7 @@ IDEM_PACKAGES=(
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
   libboost-dev libssl-dev curl wrk
   util-linux bsdutils  # setpriv and script, for the idem tool's tests
+  clang-14 libfuzzer-14-dev  # the fuzzers (scripts/fuzz.sh)
 )
 
 idem_install_deps() {

@@ -3,8 +3,10 @@
 # install test, and the store suites against real PostgreSQL and Redis servers that this
 # script starts on loopback and stops at the end), the crash soak on every store (release
 # only, one store after another, under a minute each), then the tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer. Prints the time
-# each stage took. IDEM_TSAN=0 skips the ThreadSanitizer build.
+# AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, then the
+# libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Prints the time each stage took.
+# IDEM_TSAN=0 skips the ThreadSanitizer build; IDEM_FUZZ_SECONDS sets the time per fuzzer
+# (default 30; 0 skips fuzzing).
 # Usage: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,5 +69,11 @@ if [[ "${IDEM_TSAN:-1}" != 0 ]]; then
   export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
   build_and_test tsan build/tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_SANITIZE=thread \
     -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF
+fi
+if [[ "${IDEM_FUZZ_SECONDS:-30}" != 0 ]]; then
+  bash scripts/fuzz.sh --build-only
+  stage_done "fuzz: build"
+  bash scripts/fuzz.sh "${IDEM_FUZZ_SECONDS:-30}"
+  stage_done "fuzz: run"
 fi
 echo "== all tests passed in $((SECONDS - started)) s"

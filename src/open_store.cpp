@@ -36,10 +36,42 @@ constexpr Scheme kSchemes[] = {
 #undef IDEM_STORE
 };
 
+// A percent-escape may decode to any byte, but every store hands the parts of its URL to
+// C interfaces (a file name, libpq's conninfo, hiredis) where a NUL byte would end the
+// value early and name another file or server; and a host or user never holds a control
+// character, which would only garble the messages that show them. Neither the URL nor the
+// offending part is echoed: it may hold a password.
+void refuse_hostile_bytes(const Url& url) {
+  auto refuse = [](std::string_view part, std::string_view value, bool controls) {
+    for (const char c : value) {
+      const auto u = static_cast<unsigned char>(c);
+      if (u == 0) {
+        throw InvalidArgument("store URL", "the " + std::string(part) +
+                                               " holds a NUL byte (%00), which no store can use");
+      }
+      if (controls && (u < 0x20 || u == 0x7f)) {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        throw InvalidArgument("store URL", "the " + std::string(part) +
+                                               " holds a control character (%" + kHex[u >> 4] +
+                                               kHex[u & 0xf] + ")");
+      }
+    }
+  };
+  refuse("user", url.user, true);
+  refuse("password", url.password, false);
+  refuse("host", url.host, true);
+  refuse("path", url.path, false);
+  for (const auto& [name, value] : url.query) {
+    refuse("name of a parameter", name, true);
+    refuse("parameter '" + name + "'", value, false);
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Store> open_store(std::string_view text, const OpenOptions& options) {
   Url url = parse_url(text);
+  refuse_hostile_bytes(url);
   for (const Scheme& s : kSchemes) {
     if (url.scheme == s.scheme) return s.open(url, options);
   }

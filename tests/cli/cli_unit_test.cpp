@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -189,6 +190,18 @@ TEST(Times, HumanDurations) {
   EXPECT_EQ(human_duration(Duration{200'000}), "3 min 20 s");
   EXPECT_EQ(human_duration(Duration{7'500'000}), "2 h 5 min");
   EXPECT_EQ(human_duration(Duration{3 * 86'400'000LL}), "3 d 0 h");
+}
+
+TEST(Times, ExtremeCountsAreShownWithoutOverflow) {
+  // Found by fuzz/fuzz_duration (docs/RELIABILITY.md): negating the most negative count
+  // was undefined behaviour, and a store can report any count.
+  constexpr auto kMin = std::numeric_limits<std::int64_t>::min();
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(human_duration(Duration{-1500}), "-1.5 s");
+  EXPECT_EQ(human_duration(Duration{kMin}), "-" + human_duration(Duration{kMax}));
+  EXPECT_EQ(iso8601(Timestamp{Duration{-1}}), "1969-12-31T23:59:59.999Z");
+  EXPECT_THAT(iso8601(Timestamp{Duration{kMin}}), ::testing::EndsWith(".192Z"));
+  EXPECT_THAT(iso8601(Timestamp{Duration{kMax}}), ::testing::EndsWith(".807Z"));
 }
 
 // --- where the store lives ---
