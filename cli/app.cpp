@@ -20,7 +20,9 @@ std::vector<Command> build_app(CLI::App& app, const std::string& version) {
   std::vector<Command> commands = {add_run_command(app), add_show_command(app),
                                    add_purge_command(app), add_forget_command(app),
                                    add_bench_command(app)};
+#if defined(IDEM_WITH_PROXY)
   commands.push_back(add_proxy_command(app));
+#endif
   for (const Command& command : commands) {
     // Left-over arguments are reported by main, in the order they were given (`idem run`
     // has none: everything from its command on belongs to the command).

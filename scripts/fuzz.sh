@@ -23,7 +23,7 @@ compiler=()
 [[ -f "$dir/CMakeCache.txt" ]] || compiler=(-DCMAKE_CXX_COMPILER=clang++-14)
 cmake -S . -B "$dir" -G Ninja "${compiler[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DIDEM_BUILD_FUZZERS=ON -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_BENCH=OFF \
-  -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_WITH_SQLITE=ON -DIDEM_WITH_POSTGRES=ON \
+  -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_BUILD_PROXY=OFF -DIDEM_WITH_SQLITE=ON -DIDEM_WITH_POSTGRES=ON \
   -DIDEM_WITH_REDIS=ON >/dev/null
 echo "== build $dir"
 cmake --build "$dir" --target fuzzers -j "$(nproc)"
