@@ -1,7 +1,6 @@
 #include "common.h"
 
 #include <fmt/core.h>
-#include <pwd.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -191,35 +190,13 @@ std::string human_duration(Duration d) {
 }
 
 std::string default_store_path() {
-  // XDG Base Directory: a relative XDG_STATE_HOME is invalid and must be ignored.
-  if (std::optional<std::string> state = env("XDG_STATE_HOME"); state && state->front() == '/') {
-    return *state + "/idem/idem.db";
-  }
-  std::optional<std::string> home = env("HOME");
-  if (!home) {
-    if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr) {
-      home = std::string(pw->pw_dir);
-    }
-  }
-  if (!home || home->empty()) {
+  try {
+    return idem::default_store_path();
+  } catch (const InvalidArgument&) {
     throw UsageError("--store",
                      "no store given and no home directory to keep the default store in "
                      "(set --store, IDEM_STORE, XDG_STATE_HOME or HOME)");
   }
-  return *home + "/.local/state/idem/idem.db";
-}
-
-std::string sqlite_url_for_path(std::string_view path) {
-  std::string out = "sqlite://";
-  for (char c : path) {
-    auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f || c == '%' || c == '?' || c == '#') {
-      out += fmt::format("%{:02X}", u);
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 StoreChoice choose_store(const std::string& flag) {
@@ -228,7 +205,7 @@ StoreChoice choose_store(const std::string& flag) {
     return StoreChoice{*from_env, std::nullopt};
   }
   std::string path = default_store_path();
-  return StoreChoice{sqlite_url_for_path(path), path};
+  return StoreChoice{sqlite_store_url(path), path};
 }
 
 NoStore::NoStore(const std::string& store, const std::string& hint)

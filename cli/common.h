@@ -99,14 +99,9 @@ std::string iso8601(Timestamp t);
 // Formats a duration for people: "850 ms", "12.5 s", "3 min 20 s", "2 h 5 min".
 std::string human_duration(Duration d);
 
-// Where the store lives when neither --store nor IDEM_STORE says: an SQLite file at
-// $XDG_STATE_HOME/idem/idem.db, or ~/.local/state/idem/idem.db. Returns the file path.
-// Throws UsageError when neither XDG_STATE_HOME nor a home directory is known.
+// Where the store lives when neither --store nor IDEM_STORE says: idem::default_store_path(),
+// with UsageError when neither XDG_STATE_HOME nor a home directory is known.
 std::string default_store_path();
-
-// Turns a file path into an sqlite:// URL, percent-encoding what the URL parser would
-// otherwise read as syntax ('%', '?', '#', and anything outside printable ASCII).
-std::string sqlite_url_for_path(std::string_view path);
 
 // The store a command uses: `flag` (from --store) when given, else $IDEM_STORE, else the
 // default SQLite file.

@@ -89,7 +89,15 @@ std::optional<std::string> env(const char* name) {
   return std::string(value);
 }
 
-// The default SQLite file, by the XDG Base Directory rules.
+bool has_scheme(std::string_view scheme) {
+  for (const Scheme& s : kSchemes) {
+    if (scheme == s.scheme) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::string default_store_path() {
   // A relative XDG_STATE_HOME is invalid and must be ignored.
   if (std::optional<std::string> state = env("XDG_STATE_HOME"); state && state->front() == '/') {
@@ -109,8 +117,7 @@ std::string default_store_path() {
   return *home + "/.local/state/idem/idem.db";
 }
 
-// An sqlite:// URL for `path`, percent-encoding what the URL parser would read as syntax.
-std::string sqlite_url(std::string_view path) {
+std::string sqlite_store_url(std::string_view path) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out = "sqlite://";
   for (const char c : path) {
@@ -126,15 +133,6 @@ std::string sqlite_url(std::string_view path) {
   return out;
 }
 
-bool has_scheme(std::string_view scheme) {
-  for (const Scheme& s : kSchemes) {
-    if (scheme == s.scheme) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 std::string default_store_url() {
   if (std::optional<std::string> url = env("IDEM_STORE")) return *url;
   if (!has_scheme("sqlite")) {
@@ -142,7 +140,7 @@ std::string default_store_url() {
                           "IDEM_STORE is not set and this build has no SQLite store for the "
                           "default file");
   }
-  return sqlite_url(default_store_path());
+  return sqlite_store_url(default_store_path());
 }
 
 std::shared_ptr<Store> open_default_store(const OpenOptions& options) {
@@ -153,7 +151,7 @@ std::shared_ptr<Store> open_default_store(const OpenOptions& options) {
          slash = path.find('/', slash + 1)) {
       const std::string dir = path.substr(0, slash);
       if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-        throw StoreUnavailable(sqlite_url(path), "cannot create " + dir + ": " +
+        throw StoreUnavailable(sqlite_store_url(path), "cannot create " + dir + ": " +
                                                      std::generic_category().message(errno));
       }
     }

@@ -63,6 +63,15 @@ std::vector<std::string> available_schemes();
 // has none.
 std::string default_store_url();
 
+// The default SQLite file that default_store_url() names when IDEM_STORE is unset:
+// $XDG_STATE_HOME/idem/idem.db (an absolute XDG_STATE_HOME only), else
+// ~/.local/state/idem/idem.db. Throws InvalidArgument when neither is known.
+std::string default_store_path();
+
+// An sqlite:// URL for a file path, percent-encoding what the URL parser would otherwise
+// read as syntax ('%', '?', '#', and anything outside printable ASCII).
+std::string sqlite_store_url(std::string_view path);
+
 // open_store(default_store_url()), creating the default file's directory (mode 0700) first.
 std::shared_ptr<Store> open_default_store(const OpenOptions& options = {});
 

@@ -227,7 +227,7 @@ TEST(StoreLocation, XdgStateHomeFirstThenHome) {
 
 TEST(StoreLocation, SqliteUrlSurvivesAwkwardPaths) {
   std::string path = "/tmp/a dir/50%?#x/é.db";
-  std::string url = sqlite_url_for_path(path);
+  std::string url = sqlite_store_url(path);
   EXPECT_EQ(url.find(' '), std::string::npos);
   Url parsed = parse_url(url);
   EXPECT_EQ(parsed.scheme, "sqlite");
