@@ -19,6 +19,7 @@
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
 #include "idem/testing/fault_store.h"
+#include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 
 namespace {
 

@@ -49,6 +49,7 @@
 #include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
 #include "idem/testing/fault_store.h"
+#include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 
 namespace {
 

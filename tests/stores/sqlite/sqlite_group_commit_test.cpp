@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,7 +44,15 @@ using sqlite::WritePosition;
 using testing::eventually;
 using testing::fresh_db_path;
 using ::testing::HasSubstr;
-using ::testing::PrintToString;
+// The printers of idem/testing/matchers.h, called directly rather than through
+// PrintToString, so the text never depends on which instantiation of GoogleTest's printer
+// the linker keeps.
+template <typename T>
+std::string PrintToString(const T& value) {
+  std::ostringstream os;
+  PrintTo(value, &os);
+  return os.str();
+}
 using testing::RawDb;
 
 constexpr std::string_view kScope = "s";

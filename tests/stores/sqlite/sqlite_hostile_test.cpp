@@ -19,6 +19,7 @@
 #include "testing/conformance/test_data.h"
 #include "idem/error.h"
 #include "idem/stores/sqlite_store.h"
+#include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 #include "stores/sqlite/sqlite_test_util.h"
 
 namespace idem::testing {

@@ -16,6 +16,7 @@
 #include "idem/error.h"
 #include "idem/open_store.h"
 #include "idem/stores/sqlite_store.h"
+#include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 #include "stores/sqlite/sqlite_test_util.h"
 #include "support/worker_process.h"
 
