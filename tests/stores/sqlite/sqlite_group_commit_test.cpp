@@ -45,10 +45,10 @@ using testing::eventually;
 using testing::fresh_db_path;
 using ::testing::HasSubstr;
 // The printers of idem/testing/matchers.h, called directly rather than through
-// PrintToString, so the text never depends on which instantiation of GoogleTest's printer
-// the linker keeps.
+// ::testing::PrintToString, so the text never depends on which instantiation of
+// GoogleTest's printer the linker keeps.
 template <typename T>
-std::string PrintToString(const T& value) {
+std::string printed(const T& value) {
   std::ostringstream os;
   PrintTo(value, &os);
   return os.str();
@@ -77,7 +77,7 @@ struct Call {
   std::vector<std::pair<std::string, Token>> extends;  // extend_many: (key, token)
 
   Timestamp now{};        // the (fake) clock during the call
-  std::string outcome;    // PrintToString of the result, or "error: <what>"
+  std::string outcome;    // the result as the testing kit prints it, or "error: <what>"
   bool queued = false;    // applied in a batch (else an acquire answered by its first read)
   WritePosition position;
   // For an acquire answered by its first read: the batches it may have seen, by number.
@@ -92,18 +92,18 @@ void perform(Store& store, Call& call) {
   try {
     switch (call.kind) {
       case Call::Kind::kAcquire:
-        call.outcome = PrintToString(
+        call.outcome = printed(
             store.acquire(kScope, call.key, call.lease, call.ttl, fingerprint_of(call.key)));
         break;
       case Call::Kind::kComplete:
         call.outcome =
-            PrintToString(store.complete(kScope, call.key, call.token, call.payload, call.ttl));
+            printed(store.complete(kScope, call.key, call.token, call.payload, call.ttl));
         break;
       case Call::Kind::kRelease:
-        call.outcome = PrintToString(store.release(kScope, call.key, call.token));
+        call.outcome = printed(store.release(kScope, call.key, call.token));
         break;
       case Call::Kind::kExtend:
-        call.outcome = PrintToString(store.extend(kScope, call.key, call.token, call.lease));
+        call.outcome = printed(store.extend(kScope, call.key, call.token, call.lease));
         break;
       case Call::Kind::kExtendMany: {
         std::vector<ExtendRequest> requests;
@@ -111,7 +111,7 @@ void perform(Store& store, Call& call) {
           requests.push_back({kScope, key, token, call.lease});
         }
         for (const ExtendResult& r : store.extend_many(requests)) {
-          call.outcome += PrintToString(r) + ";";
+          call.outcome += printed(r) + ";";
         }
         break;
       }
@@ -146,11 +146,11 @@ std::optional<std::string> read_answer(const std::optional<Record>& record, Time
   if (!record) return std::nullopt;
   if (record->state == RecordState::kComplete) {
     if (record->expires_at <= now) return std::nullopt;
-    return PrintToString(AcquireResult(
+    return printed(AcquireResult(
         Replay{record->payload, record->completed_at, record->expires_at, record->fingerprint}));
   }
   if (record->lease_expires_at <= now) return std::nullopt;
-  return PrintToString(AcquireResult(
+  return printed(AcquireResult(
       Busy{record->lease_expires_at, record->lease_expires_at - now, record->fingerprint}));
 }
 
