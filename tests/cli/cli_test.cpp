@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "idem/open_store.h"
+#include "support/server_stores.h"
 #include "idem/store.h"
 #include "process.h"
 
@@ -208,29 +209,14 @@ struct StoreCase {
 // Names the store in test output instead of dumping the object's bytes.
 void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
 
-// A server store runs when this build includes it and the test script started its server
-// (IDEM_TEST_<STORE>_URL); with IDEM_REQUIRE_SERVERS=1 a built store whose server is missing
-// fails the run instead of leaving its cases out.
-void add_server_store(std::vector<StoreCase>& out, const std::string& name,
-                      const std::string& scheme, const char* env) {
-  const auto schemes = idem::available_schemes();
-  if (std::find(schemes.begin(), schemes.end(), scheme) == schemes.end()) return;
-  const char* url = std::getenv(env);
-  if (url == nullptr || *url == '\0') {
-    const char* required = std::getenv("IDEM_REQUIRE_SERVERS");
-    if (required != nullptr && std::string(required) == "1") {
-      throw std::runtime_error(std::string("IDEM_REQUIRE_SERVERS=1 but ") + env + " is not set");
-    }
-    return;
-  }
-  out.push_back({name, [u = std::string(url)](const TempDir&) { return u; }});
-}
-
+// SQLite, then each server store this build includes whose server the test script started
+// (support/server_stores.h: with IDEM_REQUIRE_SERVERS=1 a missing one fails the run).
 std::vector<StoreCase> shared_stores() {
   std::vector<StoreCase> out;
   out.push_back({"sqlite", [](const TempDir& d) { return "sqlite://" + (d / "idem.db"); }});
-  add_server_store(out, "postgres", "postgresql", "IDEM_TEST_POSTGRES_URL");
-  add_server_store(out, "redis", "redis", "IDEM_TEST_REDIS_URL");
+  for (auto& [name, url] : idem::testing::server_store_urls()) {
+    out.push_back({name, [u = url](const TempDir&) { return u; }});
+  }
   return out;
 }
 

@@ -33,6 +33,7 @@
 #include "idem/error.h"
 #include "idem/open_store.h"
 #include "soak/soak_log.h"
+#include "support/require_server.h"
 #include "support/server_script.h"
 #include "support/worker_process.h"
 
@@ -51,11 +52,6 @@ constexpr std::int64_t kExpiringTtlMs = 500;
 long env_number(const char* name, long fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::stol(v) : fallback;
-}
-
-bool require_servers() {
-  const char* v = std::getenv("IDEM_REQUIRE_SERVERS");
-  return v != nullptr && std::string(v) == "1";
 }
 
 // The store under soak: its URL and, for a server store, how to crash and restart it.
@@ -249,11 +245,8 @@ TEST(CrashSoak, Sqlite) {
 
 #ifdef IDEM_PG_PRIVATE_SERVER_SCRIPT
 TEST(CrashSoak, Postgres) {
-  if (::geteuid() != 0 || !fs::exists("/usr/lib/postgresql/15/bin/initdb")) {
-    if (require_servers())
-      FAIL() << "IDEM_REQUIRE_SERVERS=1 but the PostgreSQL soak needs root and PostgreSQL 15";
-    GTEST_SKIP() << "the PostgreSQL soak needs root and PostgreSQL 15";
-  }
+  IDEM_SKIP_OR_FAIL_UNLESS(::geteuid() == 0 && fs::exists("/usr/lib/postgresql/15/bin/initdb"),
+                           "the PostgreSQL soak needs root and PostgreSQL 15");
   TempDir logs;
   TempDir server;
   const std::string script = IDEM_PG_PRIVATE_SERVER_SCRIPT;
@@ -279,10 +272,7 @@ TEST(CrashSoak, Postgres) {
 
 #ifdef IDEM_SOAK_REDIS
 TEST(CrashSoak, Redis) {
-  if (!have_program("redis-server")) {
-    if (require_servers()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but redis-server is not installed";
-    GTEST_SKIP() << "redis-server is not installed";
-  }
+  IDEM_SKIP_OR_FAIL_UNLESS(have_program("redis-server"), "redis-server is not installed");
   TempDir logs;
   // With AOF and `appendfsync always` Redis writes every change to its log before it
   // answers, so a SIGKILL loses nothing it acknowledged (docs/stores/redis.md); without

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "idem/open_store.h"
+#include "support/require_server.h"
 
 namespace idem::testing {
 
@@ -26,8 +27,7 @@ inline std::vector<std::pair<std::string, std::string>> server_store_urls() {
   static constexpr Server kServers[] = {{"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL"},
                                         {"redis", "redis", "IDEM_TEST_REDIS_URL"}};
   const std::vector<std::string> built = idem::available_schemes();
-  const char* required = std::getenv("IDEM_REQUIRE_SERVERS");
-  const bool require = required != nullptr && std::string(required) == "1";
+  const bool require = servers_required();
   std::vector<std::pair<std::string, std::string>> out;
   for (const Server& s : kServers) {
     if (std::find(built.begin(), built.end(), s.scheme) == built.end()) continue;

@@ -101,7 +101,8 @@ TEST(PostgresStoreUrl, BothSchemesOpenTheStore) {
 TEST(PostgresStoreUrl, UnixSocketDirectoryInTheQuery) {
   const std::string dir = testing::env_or_empty("IDEM_TEST_POSTGRES_SOCKET_DIR");
   const std::string port = testing::env_or_empty("IDEM_TEST_POSTGRES_PORT");
-  if (dir.empty() || port.empty()) GTEST_SKIP() << "IDEM_TEST_POSTGRES_SOCKET_DIR is not set";
+  IDEM_SKIP_OR_FAIL_UNLESS(!dir.empty() && !port.empty(),
+                           "IDEM_TEST_POSTGRES_SOCKET_DIR or IDEM_TEST_POSTGRES_PORT is not set");
   const std::string table = fresh_table();
   {
     std::shared_ptr<Store> s = open_store("postgresql:///idem_test?host=" + dir + "&port=" +

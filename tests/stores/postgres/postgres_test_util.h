@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "idem/stores/postgres_store.h"
+#include "support/require_server.h"
 
 namespace idem::testing {
 
@@ -29,22 +30,11 @@ inline std::string env_or_empty(const char* name) {
 
 inline std::string postgres_url() { return env_or_empty("IDEM_TEST_POSTGRES_URL"); }
 
-// Skips (or, with IDEM_REQUIRE_SERVERS=1, fails) every test of the executable when the
-// server URL is missing. Registered by each test source through kPostgresEnvironment.
-class PostgresEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    if (!postgres_url().empty()) return;
-    if (env_or_empty("IDEM_REQUIRE_SERVERS") == "1") {
-      FAIL() << "IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_POSTGRES_URL is not set";
-    }
-    GTEST_SKIP() << "IDEM_TEST_POSTGRES_URL is not set (source scripts/servers.sh and run "
-                    "idem_start_postgres)";
-  }
-};
-
+// Skips every test of the executable when the server URL is missing (exits 1 under
+// IDEM_REQUIRE_SERVERS=1). Registered by each test source through kPostgresEnvironment.
 inline ::testing::Environment* const kPostgresEnvironment =
-    ::testing::AddGlobalTestEnvironment(new PostgresEnvironment);
+    ::testing::AddGlobalTestEnvironment(new ServerEnvironment(
+        "IDEM_TEST_POSTGRES_URL", "source scripts/servers.sh and run idem_start_postgres"));
 
 // A table name no other test (in any process) has used: the process id and a counter.
 inline std::string fresh_table(const std::string& stem = "t") {

@@ -12,20 +12,11 @@
 namespace idem::testing {
 namespace {
 
-// Without IDEM_TEST_REDIS_URL every test of this executable skips, or fails when
-// IDEM_REQUIRE_SERVERS=1 (scripts/test.sh sets both).
-class RedisEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    if (shared_redis_url()) return;
-    if (servers_required()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_REDIS_URL is not set";
-    GTEST_SKIP() << "IDEM_TEST_REDIS_URL is not set (source scripts/servers.sh and run "
-                    "idem_start_redis)";
-  }
-};
-
+// Without IDEM_TEST_REDIS_URL every test of this executable skips, or the executable exits
+// 1 under IDEM_REQUIRE_SERVERS=1 (scripts/test.sh sets both).
 ::testing::Environment* const kRedisEnvironment =
-    ::testing::AddGlobalTestEnvironment(new RedisEnvironment);
+    ::testing::AddGlobalTestEnvironment(new ServerEnvironment(
+        "IDEM_TEST_REDIS_URL", "source scripts/servers.sh and run idem_start_redis"));
 
 IDEM_INSTANTIATE_STORE_CONFORMANCE(
     Redis, StoreTestContext{.name = "redis",

@@ -84,10 +84,8 @@ TEST_F(RedisMultiProcess, PausedOwnerIsFencedAfterItsLeaseWasStolen) {
 }
 
 TEST_F(RedisMultiProcess, CallersHoursApartAgreeOnExpiryBusyAndSteals) {
-  if (!have_program("faketime")) {
-    if (servers_required()) FAIL() << "faketime is not installed (scripts/deps.sh installs it)";
-    GTEST_SKIP() << "faketime is not installed";
-  }
+  IDEM_SKIP_OR_FAIL_UNLESS(have_program("faketime"),
+                           "faketime is not installed (scripts/deps.sh installs it)");
   check_callers_hours_apart_agree(url_, *store_);
 }
 

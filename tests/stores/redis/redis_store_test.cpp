@@ -116,7 +116,7 @@ TEST_F(RedisStoreTest, HostileScopesAndKeysRoundTripUnderTheirOwnRedisKeys) {
 
 TEST_F(RedisStoreTest, UnixSocketUrlReachesTheSameRecordsAsTcp) {
   const char* socket = std::getenv("IDEM_TEST_REDIS_SOCKET");
-  if (socket == nullptr || *socket == '\0') GTEST_SKIP() << "IDEM_TEST_REDIS_SOCKET is not set";
+  IDEM_SKIP_OR_FAIL_UNLESS(socket != nullptr && *socket != '\0', "IDEM_TEST_REDIS_SOCKET is not set");
   auto tcp = open();
   auto local = open_store(std::string("unix://") + socket + "?db=0&prefix=" + options_.prefix);
   EXPECT_EQ(local->describe(), std::string("unix://") + socket);

@@ -18,11 +18,6 @@
 
 namespace idem::testing {
 
-bool servers_required() {
-  const char* required = std::getenv("IDEM_REQUIRE_SERVERS");
-  return required != nullptr && std::string(required) == "1";
-}
-
 std::optional<std::string> shared_redis_url() {
   const char* url = std::getenv("IDEM_TEST_REDIS_URL");
   if (url == nullptr || *url == '\0') return std::nullopt;
@@ -52,18 +47,13 @@ RedisStoreOptions shared_options() {
 
 void SharedRedisTest::SetUp() {
   std::optional<std::string> url = shared_redis_url();
-  if (!url) {
-    if (servers_required()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_REDIS_URL is not set";
-    GTEST_SKIP() << "IDEM_TEST_REDIS_URL is not set (scripts/servers.sh starts a server)";
-  }
+  IDEM_SKIP_OR_FAIL_UNLESS(url.has_value(),
+                           "IDEM_TEST_REDIS_URL is not set (scripts/servers.sh starts a server)");
   url_ = *url;
 }
 
 void PrivateRedisTest::SetUp() {
-  if (!have_program("redis-server")) {
-    if (servers_required()) FAIL() << "IDEM_REQUIRE_SERVERS=1 but redis-server is not installed";
-    GTEST_SKIP() << "redis-server is not installed";
-  }
+  IDEM_SKIP_OR_FAIL_UNLESS(have_program("redis-server"), "redis-server is not installed");
 }
 
 // --- RawRedis -----------------------------------------------------------------------------

@@ -17,11 +17,9 @@
 #include <vector>
 
 #include "idem/stores/redis_store.h"
+#include "support/require_server.h"
 
 namespace idem::testing {
-
-// Whether IDEM_REQUIRE_SERVERS=1.
-bool servers_required();
 
 // The shared server's URL (redis://127.0.0.1:PORT/0), or nullopt when it is not set.
 std::optional<std::string> shared_redis_url();
