@@ -255,10 +255,11 @@ TEST_F(PrivateRedisTest, AclUserWithRightCredentialsWorksAndWrongOnesAreNamed) {
   RawRedis raw(server.port());
   // The least the store needs: its scripts and the commands they call, on its own keys.
   ASSERT_EQ(raw.text({"ACL", "SETUSER", "app", "on", ">s3cret-pw", "~idem-acl:*", "+evalsha",
-                      "+eval", "+script|load", "+get", "+set", "+del", "+append", "+time"}),
+                      "+eval", "+script|load", "+info", "+get", "+set", "+del", "+append",
+                      "+time"}),
             "OK");
   ASSERT_EQ(raw.text({"ACL", "SETUSER", "nodel", "on", ">other-pw", "~idem-acl:*", "+evalsha",
-                      "+eval", "+script|load", "+get", "+set", "+append", "+time"}),
+                      "+eval", "+script|load", "+info", "+get", "+set", "+append", "+time"}),
             "OK");
   const std::string base = "redis://app:s3cret-pw@127.0.0.1:" + std::to_string(server.port()) +
                            "/0?prefix=idem-acl:";
