@@ -73,11 +73,11 @@ class RawRedis {
 };
 
 // A redis-server of the test's own on a free loopback port and a unix socket, in a
-// temporary directory, without persistence unless `args` asks for it. Killed and removed
-// by the destructor.
+// temporary directory, without persistence unless `args` asks for it; `env` ("NAME=value")
+// is added to its environment. Killed and removed by the destructor.
 class PrivateRedis {
  public:
-  explicit PrivateRedis(std::vector<std::string> args = {});
+  explicit PrivateRedis(std::vector<std::string> args = {}, std::vector<std::string> env = {});
   ~PrivateRedis();
   PrivateRedis(const PrivateRedis&) = delete;
   PrivateRedis& operator=(const PrivateRedis&) = delete;
@@ -101,6 +101,7 @@ class PrivateRedis {
  private:
   void start();
   std::vector<std::string> args_;
+  std::vector<std::string> env_;
   std::string dir_;
   int port_ = 0;
   int pid_ = -1;
