@@ -50,20 +50,6 @@ using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Expects `step` to throw StoreUnavailable whose message holds every part; returns it.
-template <typename F>
-std::optional<StoreUnavailable> expect_unavailable(F&& step,
-                                                   const std::vector<std::string>& parts) {
-  try {
-    step();
-    ADD_FAILURE() << "no StoreUnavailable";
-  } catch (const StoreUnavailable& e) {
-    for (const std::string& part : parts) EXPECT_THAT(e.what(), HasSubstr(part));
-    return e;
-  }
-  return std::nullopt;
-}
-
 std::int64_t wall_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
