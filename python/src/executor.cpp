@@ -75,6 +75,13 @@ struct Json {
   }
 };
 
+// bytes(value) for a bytearray or a memoryview.
+py::bytes as_bytes(py::handle value) {
+  PyObject* b = PyBytes_FromObject(value.ptr());
+  if (b == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::bytes>(b);
+}
+
 std::string default_encode(py::handle value) {
   if (PyBytes_Check(value.ptr())) {
     char* data = nullptr;
@@ -87,7 +94,7 @@ std::string default_encode(py::handle value) {
     return out;
   }
   if (PyByteArray_Check(value.ptr()) || PyMemoryView_Check(value.ptr())) {
-    return default_encode(py::bytes(py::reinterpret_borrow<py::object>(value)));
+    return default_encode(as_bytes(value));
   }
   py::str text = Json::get().dumps(value);
   Py_ssize_t size = 0;
@@ -119,7 +126,7 @@ class Codec {
     py::object out = codec_.attr("encode")(value);
     if (!PyBytes_Check(out.ptr())) {
       if (PyByteArray_Check(out.ptr()) || PyMemoryView_Check(out.ptr())) {
-        return std::string(py::bytes(out));
+        return std::string(as_bytes(out));
       }
       throw py::type_error("the codec's encode() must return bytes, not " +
                            std::string(py::str(py::type::handle_of(out).attr("__name__"))));
