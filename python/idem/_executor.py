@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import datetime
 import functools
 import inspect
@@ -19,7 +20,7 @@ __all__ = ["Executor", "AsyncAttempt", "current_attempt", "open_store"]
 Seconds = Union[float, int, datetime.timedelta]
 Key = Union[str, bytes]
 
-_current: Any = _idem._current_attempt
+_current: "contextvars.ContextVar[Any]" = contextvars.ContextVar("idem.current_attempt")
 
 
 def current_attempt() -> Optional[Union[Attempt, "AsyncAttempt"]]:
@@ -132,6 +133,37 @@ class Executor(_idem.Executor):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    # --- running ---
+
+    def run(self, scope: Key, key: Key, fn: Callable[[Attempt], Any], **options: Any) -> Result:
+        """Runs ``fn(attempt)`` at most once per (scope, key) and returns the Result: its
+        value (``replayed`` False, with the lease's ``token``, ``attempt`` and ``stolen``),
+        or the stored value of the run that completed first (``replayed`` True; fn did not
+        run). Options for this call: ``lease``, ``heartbeat``, ``ttl``, ``wait`` (seconds to
+        wait for a busy key), ``fingerprint`` (str or bytes: the same key with another one
+        raises KeyReuse), ``codec``.
+
+        Raises InvalidArgument, InProgress (busy, after ``wait``), KeyReuse, LeaseLost (the
+        result was not recorded), StoreUnavailable, DecodeFailed, ShutDown, or fn's own
+        exception, unchanged, after releasing the key. The GIL is released while idem waits
+        for the store; fn runs in this thread, holding it."""
+        attempt = self.begin(scope, key, **options)
+        if attempt.replayed:
+            return attempt.result
+        token = _current.set(attempt)
+        try:
+            value = fn(attempt)
+        except BaseException:
+            attempt.release()  # SPEC §5: release, then the action's own exception
+            raise
+        finally:
+            _current.reset(token)
+        try:
+            return attempt.complete(value)
+        except BaseException:
+            attempt.release()  # the codec refused the value: nothing was recorded
+            raise
 
     # --- asyncio ---
 

@@ -1,10 +1,12 @@
 // The executor, attempts, results and the default codec, for Python.
 //
-// run() is begin(), the action, then complete() (or release() when the action raises): the
-// same steps as the C++ Executor::run, but the action runs outside the executor's code, so an
-// executor shut down at interpreter exit releases the lease of an action still running
-// instead of waiting for it. Every store call and every wait runs with the GIL released;
-// the action and the codecs run with it held.
+// run() itself is in Python (idem/_executor.py): begin(), the action, then complete() (or
+// release() when the action raises), the same steps as the C++ Executor::run. The action
+// thus runs with no C++ frame beneath it: a daemon thread that CPython ends during
+// finalization while it runs the action unwinds through Python's frames only (gil.h), and
+// an executor shut down at exit releases the lease of an action still running instead of
+// waiting for it. Every store call and every wait runs with the GIL released; the codecs
+// run with it held.
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -338,12 +340,6 @@ struct PyEvent {
   std::optional<std::string> error;
 };
 
-// The context variable behind idem.current_attempt(): set while run()'s action runs.
-PyObject* current_attempt_var() {
-  static PyObject* var = PyContextVar_New("idem.current_attempt", nullptr);
-  return var;
-}
-
 struct PyExecutor {
   std::shared_ptr<Executor> executor;
   std::shared_ptr<PyStore> store;
@@ -427,47 +423,11 @@ struct PyExecutor {
     return py::cast(std::make_unique<PyAttempt>(executor, scope_obj, key_obj, c,
                                                 std::move(*begun.handle())));
   }
-
-  py::object run(const py::object& scope, const py::object& key, const py::object& fn,
-                 const CallOptions& call, const Codec& c) {
-    Busy busy;
-    std::optional<py::object> begun = begin_attempt(scope, key, call, c, &busy);
-    if (!begun) {
-      const std::string s = py::cast<std::string>(scope), k = py::cast<std::string>(key);
-      raise_idem_error(InProgress(busy.lease_expires_at, busy.lease_remaining, RecordRef{s, k}));
-    }
-    PyAttempt& attempt = begun->cast<PyAttempt&>();
-    if (attempt.replayed()) return attempt.result();
-    py::object value;
-    PyObject* const var = current_attempt_var();
-    PyObject* const token = PyContextVar_Set(var, begun->ptr());
-    if (token == nullptr) throw py::error_already_set();
-    try {
-      value = fn(*begun);
-    } catch (py::error_already_set&) {
-      // SPEC §5: release, then the action's own exception, unchanged.
-      PyContextVar_Reset(var, token);
-      Py_DECREF(token);
-      attempt.release();
-      throw;
-    }
-    PyContextVar_Reset(var, token);
-    Py_DECREF(token);
-    try {
-      return attempt.complete(value);
-    } catch (py::error_already_set&) {
-      // The codec could not encode the value: nothing was recorded, the key is given up.
-      attempt.release();
-      throw;
-    }
-  }
 };
 
 }  // namespace
 
 void bind_executor(py::module_& m) {
-  m.attr("_current_attempt") = py::reinterpret_borrow<py::object>(current_attempt_var());
-
   py::class_<DefaultCodec>(m, "DefaultCodec", R"doc(The default codec.
 
 JSON (UTF-8, compact, no NaN) for every value json.dumps takes: str, int, float, bool,
@@ -611,19 +571,6 @@ an attempt that was not ended, releases.)doc")
            py::arg("initial_backoff") = 0.01, py::arg("max_backoff") = 1.0,
            py::arg("max_payload") = kDefaultMaxPayloadBytes, py::arg("shutdown_timeout") = 10, py::arg("on_event") = py::none(),
            py::arg("codec") = py::none())
-      .def(
-          "run",
-          [](PyExecutor& self, const py::object& scope, const py::object& key,
-             const py::object& fn, const OptSeconds& lease, const OptSeconds& heartbeat,
-             const OptSeconds& ttl, const OptSeconds& wait,
-             const std::optional<std::string>& fingerprint, const py::object& codec) {
-            return self.run(scope, key, fn, self.call_options(lease, heartbeat, ttl, wait, fingerprint),
-                            self.codec_for(codec));
-          },
-          py::arg("scope"), py::arg("key"), py::arg("fn"), py::kw_only(),
-          py::arg("lease") = py::none(), py::arg("heartbeat") = py::none(),
-          py::arg("ttl") = py::none(), py::arg("wait") = py::none(),
-          py::arg("fingerprint") = py::none(), py::arg("codec") = py::none())
       .def(
           "begin",
           [](PyExecutor& self, const py::object& scope, const py::object& key,

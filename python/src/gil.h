@@ -38,12 +38,16 @@ class Gate {
   // the GIL; it is released while waiting, so those threads can finish.
   void close();
   bool is_open();
+  // The interpreter's main thread (captured when the module is imported).
+  void set_main_thread(unsigned long ident) { main_thread_ = ident; }
+  bool on_main_thread() const;
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   bool open_ = true;
   int inside_ = 0;
+  unsigned long main_thread_ = 0;
 };
 
 // Runs f() holding the GIL when the gate is open; returns whether it ran. For C++ threads
@@ -68,10 +72,17 @@ bool with_gil(F&& f) {
   return true;
 }
 
+// Takes the GIL back after without_gil(). A thread other than the main one that comes back
+// once the interpreter is exiting (the gate closed at exit, or finalization began) never
+// returns: CPython 3.11 would end it with pthread_exit inside PyEval_RestoreThread, and the
+// forced unwind would run pybind11's destructors, which drop Python references without the
+// GIL while the interpreter is torn down. Only daemon threads are left by then, and the
+// process is about to end them all; this one parks until it does (what CPython 3.14 does
+// itself for such threads).
+void restore_thread(PyThreadState* saved);
+
 // Runs f() with the GIL released and returns what it returns (or rethrows what it throws,
-// after taking the GIL back). Not a RAII guard: the GIL is taken back outside any destructor,
-// so a daemon thread that CPython ends during finalization (pthread_exit, a forced unwind)
-// unwinds through ordinary frames rather than aborting in a noexcept destructor.
+// after taking the GIL back through restore_thread).
 template <typename F>
 auto without_gil(F&& f) -> std::invoke_result_t<F&> {
   using R = std::invoke_result_t<F&>;
@@ -80,19 +91,19 @@ auto without_gil(F&& f) -> std::invoke_result_t<F&> {
     try {
       f();
     } catch (...) {
-      PyEval_RestoreThread(saved);
+      restore_thread(saved);
       throw;
     }
-    PyEval_RestoreThread(saved);
+    restore_thread(saved);
   } else {
     std::optional<R> out;
     try {
       out.emplace(f());
     } catch (...) {
-      PyEval_RestoreThread(saved);
+      restore_thread(saved);
       throw;
     }
-    PyEval_RestoreThread(saved);
+    restore_thread(saved);
     return std::move(*out);
   }
 }

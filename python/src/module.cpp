@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bindings.h"
@@ -55,6 +56,16 @@ void Gate::close() {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return inside_ == 0; });
   });
+}
+
+bool Gate::on_main_thread() const { return PyThread_get_thread_ident() == main_thread_; }
+
+void restore_thread(PyThreadState* saved) {
+  Gate& gate = Gate::instance();
+  if (!gate.on_main_thread() && (!gate.is_open() || _Py_IsFinalizing())) {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  PyEval_RestoreThread(saved);
 }
 
 SharedObject::SharedObject(py::object object)
@@ -268,6 +279,8 @@ using namespace idem::python;
 PYBIND11_MODULE(_idem, m) {
   m.doc() = "The C++ core of the idem package (use `import idem`, not this module).";
   m.attr("__version__") = idem::version();
+  Gate::instance().set_main_thread(
+      py::cast<unsigned long>(py::module_::import("threading").attr("main_thread")().attr("ident")));
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
