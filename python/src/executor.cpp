@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -206,6 +207,8 @@ class PyAttempt {
         codec_(std::move(codec)),
         result_(py::none()),
         handle_(std::make_unique<AttemptHandle<std::string>>(std::move(handle))),
+        attempt_(&handle_->attempt()),
+        active_(true),
         token_(handle_->token()),
         number_(handle_->number()),
         stolen_(handle_->stolen()),
@@ -244,22 +247,13 @@ class PyAttempt {
   }
   std::uint32_t number() const { return number_; }
   bool stolen() const { return stolen_; }
-  bool active() const {
-    if (!handle_) return false;
-    std::lock_guard lock(mu_);
-    return handle_->active();
-  }
-  bool lease_lost() const {
-    if (!handle_) return false;
-    std::lock_guard lock(mu_);
-    return handle_->lease_lost();
-  }
+  // These read atomics only: they never wait for mu_ with the GIL held (a thread holding
+  // mu_ in complete() may be waiting for the GIL to call on_event).
+  bool active() const { return active_.load(std::memory_order_acquire); }
+  bool lease_lost() const { return attempt_ != nullptr && attempt_->lease_lost(); }
   bool stop_requested() const { return stop_.stop_requested(); }
-
   void raise_if_lost() const {
-    if (!lease_lost()) return;
-    std::lock_guard lock(mu_);
-    handle_->throw_if_lost();
+    if (attempt_ != nullptr) attempt_->throw_if_lost();
   }
 
   // Records `value` (through the codec) and ends the lease.
@@ -268,6 +262,11 @@ class PyAttempt {
     std::string bytes = codec_.encode(value);
     Result<std::string> stored = without_gil([&] {
       std::lock_guard lock(mu_);
+      // The handle has ended whatever complete() does (recorded, refused or failed).
+      struct Ended {
+        std::atomic<bool>& active;
+        ~Ended() { active.store(false, std::memory_order_release); }
+      } ended{active_};
       return handle_->complete(std::move(bytes));
     });
     result_ = py::cast(PyResult::of(py::reinterpret_borrow<py::object>(value), stored));
@@ -280,6 +279,7 @@ class PyAttempt {
     without_gil([&] {
       std::lock_guard lock(mu_);
       handle_->release();
+      active_.store(false, std::memory_order_release);
     });
   }
 
@@ -322,6 +322,10 @@ class PyAttempt {
   // and release() concurrently while the GIL is released.
   mutable std::mutex mu_;
   std::unique_ptr<AttemptHandle<std::string>> handle_;
+  // What the handle shows of its lease (valid while handle_ lives; an ended handle keeps
+  // it), read without mu_.
+  const Attempt* attempt_ = nullptr;
+  std::atomic<bool> active_{false};
   Token token_ = 0;
   std::uint32_t number_ = 0;
   bool stolen_ = false;
@@ -591,7 +595,20 @@ an attempt that was not ended, releases.)doc")
           py::arg("scope"), py::arg("key"), py::kw_only(), py::arg("lease") = py::none(),
           py::arg("heartbeat") = py::none(), py::arg("ttl") = py::none(),
           py::arg("wait") = py::none(), py::arg("fingerprint") = py::none(),
-          py::arg("codec") = py::none())
+          py::arg("codec") = py::none(),
+          R"doc(The first half of run(), for an action that does not fit in one call:
+checks the inputs, acquires, waits (``wait`` seconds) and replays as run() does, and
+returns an Attempt: a replay (``attempt.replayed``; ``attempt.value`` is the stored result)
+or the lease. Use it as a context manager::
+
+    with executor.begin("payments", key) as attempt:
+        if attempt.replayed:
+            return attempt.value
+        attempt.complete(charge(card, attempt.token))
+
+Leaving the block by an exception, or without completing, releases the key. Raises
+InProgress when the key stays busy, and what run() raises. The GIL is released while it
+waits for the store.)doc")
       .def(
           "_try_begin",
           [](PyExecutor& self, const py::object& scope, const py::object& key,
