@@ -413,8 +413,14 @@ struct PyExecutor {
                                           const CallOptions& call, const Codec& c, Busy* busy) {
     const std::string scope = py::cast<std::string>(scope_obj);
     const std::string key = py::cast<std::string>(key_obj);
-    BeginResult<std::string> begun =
-        without_gil([&] { return executor->begin<std::string>(scope, key, call); });
+    BeginResult<std::string> begun = without_gil([&] {
+      BeginResult<std::string> b = executor->begin<std::string>(scope, key, call);
+      if (b.handle() != nullptr && Gate::instance().exiting()) {
+        b.handle()->release();  // see Gate::begin_exit
+        throw ShutDown("the interpreter is exiting; the key was given back");
+      }
+      return b;
+    });
     if (Result<std::string>* replay = begun.replay()) {
       py::object value = c.decode(replay->value, RecordRef{scope, key});
       return py::cast(std::make_unique<PyAttempt>(executor, scope_obj, key_obj,

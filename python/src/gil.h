@@ -16,6 +16,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,12 @@ class Gate {
   // the GIL; it is released while waiting, so those threads can finish.
   void close();
   bool is_open();
+  // Set first thing at exit, before the executors are shut down: an acquisition that
+  // completes from then on gives its key back (begin raises ShutDown) rather than start an
+  // action while the process exits (a waiter would otherwise take over the key that the
+  // shutdown of another executor just released).
+  void begin_exit() { exiting_.store(true, std::memory_order_seq_cst); }
+  bool exiting() const { return exiting_.load(std::memory_order_seq_cst); }
   // The interpreter's main thread (captured when the module is imported).
   void set_main_thread(unsigned long ident) { main_thread_ = ident; }
   bool on_main_thread() const;
@@ -48,6 +55,7 @@ class Gate {
   bool open_ = true;
   int inside_ = 0;
   unsigned long main_thread_ = 0;
+  std::atomic<bool> exiting_{false};
 };
 
 // Runs f() holding the GIL when the gate is open; returns whether it ran. For C++ threads

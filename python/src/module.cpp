@@ -294,6 +294,7 @@ PYBIND11_MODULE(_idem, m) {
   m.def(
       "_at_exit",
       [] {
+        Gate::instance().begin_exit();
         shut_down_executors_at_exit();
         Gate::instance().close();
       },
