@@ -136,6 +136,25 @@ class Executor(_idem.Executor):
 
     # --- running ---
 
+    def begin(self, scope: Key, key: Key, **options: Any) -> Attempt:
+        """The first half of run(), for an action that does not fit in one call: checks the
+        inputs, acquires, waits (``wait`` seconds) and replays as run() does, and returns an
+        Attempt: a replay (``attempt.replayed``; ``attempt.value`` is the stored result) or
+        the lease. Use it as a context manager::
+
+            with executor.begin("payments", key) as attempt:
+                if attempt.replayed:
+                    return attempt.value
+                attempt.complete(charge(card, attempt.token))
+
+        Leaving the block by an exception, or without completing, releases the key. Raises
+        InProgress when the key stays busy, and what run() raises. Options as for run().
+        The GIL is released while it waits for the store."""
+        answer = self._begin(scope, key, **options)
+        if isinstance(answer, tuple):
+            self._in_progress(scope, key, *answer)
+        return answer
+
     def run(self, scope: Key, key: Key, fn: Callable[[Attempt], Any], **options: Any) -> Result:
         """Runs ``fn(attempt)`` at most once per (scope, key) and returns the Result: its
         value (``replayed`` False, with the lease's ``token``, ``attempt`` and ``stolen``),
@@ -197,7 +216,7 @@ class Executor(_idem.Executor):
         deadline: Optional[float] = None
         backoff = self._initial_backoff
         while True:
-            answer = await self._submit(self._try_begin, scope, key, wait=0, **call)
+            answer = await self._submit(self._begin, scope, key, wait=0, **call)
             if not isinstance(answer, tuple):
                 return AsyncAttempt(self, answer)
             remaining, expires_at = answer

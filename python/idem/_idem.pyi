@@ -117,19 +117,7 @@ class Executor:
         on_event: Optional[Callable[[Event], Any]] = None,
         codec: Any = None,
     ) -> None: ...
-    def begin(
-        self,
-        scope: Key,
-        key: Key,
-        *,
-        lease: Optional[Seconds] = None,
-        heartbeat: Optional[Seconds] = None,
-        ttl: Optional[Seconds] = None,
-        wait: Optional[Seconds] = None,
-        fingerprint: Optional[Key] = None,
-        codec: Any = None,
-    ) -> Attempt: ...
-    def _try_begin(
+    def _begin(
         self,
         scope: Key,
         key: Key,

@@ -26,10 +26,6 @@ struct PyStore {
   std::string url;  // as given, for repr() only when it has no password: describe() otherwise
 };
 
-// Seconds (a float or a datetime.timedelta, via pybind11/chrono.h) as the library's
-// milliseconds, rounded to the nearest one.
-Duration to_duration(std::chrono::duration<double> seconds);
-
 // A store timestamp as an aware datetime in UTC.
 py::object to_datetime(Timestamp t);
 

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,15 @@ namespace {
 using Seconds = py::object;
 using OptSeconds = py::object;
 
+// Seconds as the library's milliseconds, rounded to the nearest one. Out-of-range values are
+// clamped so that the library's validation names them.
+Duration to_duration(double seconds) {
+  const double ms = std::round(seconds * 1000.0);
+  if (!(ms < 1e15)) return Duration(static_cast<Duration::rep>(1e15));
+  if (!(ms > -1e15)) return Duration(static_cast<Duration::rep>(-1e15));
+  return Duration(static_cast<Duration::rep>(ms));
+}
+
 Duration duration_arg(const py::handle& v, const char* name) {
   // Leaked: a module-lifetime cache that must not be destroyed after the interpreter.
   static const py::object* timedelta =
@@ -49,7 +59,7 @@ Duration duration_arg(const py::handle& v, const char* name) {
                          " must be seconds (int or float) or a datetime.timedelta, not " +
                          std::string(py::str(py::type::handle_of(v).attr("__name__"))));
   }
-  return to_duration(std::chrono::duration<double>(seconds));
+  return to_duration(seconds);
 }
 
 std::optional<Duration> opt_duration(const py::handle& v, const char* name) {
@@ -184,8 +194,6 @@ void delete_executor(Executor* e) {
     delete e;
   }
 }
-
-struct PyExecutor;
 
 // What run() and begin() hand to the action: a replay, or the lease on a key.
 class PyAttempt {
@@ -579,44 +587,10 @@ an attempt that was not ended, releases.)doc")
            py::arg("store"), py::kw_only(), py::arg("lease") = 30,
            py::arg("heartbeat") = py::none(), py::arg("ttl") = 86400, py::arg("wait") = 0,
            py::arg("initial_backoff") = 0.01, py::arg("max_backoff") = 1.0,
-           py::arg("max_payload") = kDefaultMaxPayloadBytes, py::arg("shutdown_timeout") = 10, py::arg("on_event") = py::none(),
-           py::arg("codec") = py::none())
+           py::arg("max_payload") = kDefaultMaxPayloadBytes, py::arg("shutdown_timeout") = 10,
+           py::arg("on_event") = py::none(), py::arg("codec") = py::none())
       .def(
-          "begin",
-          [](PyExecutor& self, const py::object& scope, const py::object& key,
-             const OptSeconds& lease, const OptSeconds& heartbeat, const OptSeconds& ttl,
-             const OptSeconds& wait, const std::optional<std::string>& fingerprint,
-             const py::object& codec) {
-            Busy busy;
-            auto a = self.begin_attempt(scope, key,
-                                        self.call_options(lease, heartbeat, ttl, wait, fingerprint),
-                                        self.codec_for(codec), &busy);
-            if (!a) {
-              const std::string s = py::cast<std::string>(scope), k = py::cast<std::string>(key);
-              raise_idem_error(
-                  InProgress(busy.lease_expires_at, busy.lease_remaining, RecordRef{s, k}));
-            }
-            return *a;
-          },
-          py::arg("scope"), py::arg("key"), py::kw_only(), py::arg("lease") = py::none(),
-          py::arg("heartbeat") = py::none(), py::arg("ttl") = py::none(),
-          py::arg("wait") = py::none(), py::arg("fingerprint") = py::none(),
-          py::arg("codec") = py::none(),
-          R"doc(The first half of run(), for an action that does not fit in one call:
-checks the inputs, acquires, waits (``wait`` seconds) and replays as run() does, and
-returns an Attempt: a replay (``attempt.replayed``; ``attempt.value`` is the stored result)
-or the lease. Use it as a context manager::
-
-    with executor.begin("payments", key) as attempt:
-        if attempt.replayed:
-            return attempt.value
-        attempt.complete(charge(card, attempt.token))
-
-Leaving the block by an exception, or without completing, releases the key. Raises
-InProgress when the key stays busy, and what run() raises. The GIL is released while it
-waits for the store.)doc")
-      .def(
-          "_try_begin",
+          "_begin",
           [](PyExecutor& self, const py::object& scope, const py::object& key,
              const OptSeconds& lease, const OptSeconds& heartbeat, const OptSeconds& ttl,
              const OptSeconds& wait, const std::optional<std::string>& fingerprint,
@@ -633,8 +607,8 @@ waits for the store.)doc")
           py::arg("heartbeat") = py::none(), py::arg("ttl") = py::none(),
           py::arg("wait") = py::none(), py::arg("fingerprint") = py::none(),
           py::arg("codec") = py::none(),
-          "begin() that answers a busy key with (lease_remaining, lease_expires_at) instead of "
-          "raising InProgress; for the asyncio layer.")
+          "begin() (idem/_executor.py), answering a busy key with (lease_remaining, "
+          "lease_expires_at) instead of raising InProgress.")
       .def(
           "_in_progress",
           [](PyExecutor&, const py::object& scope, const py::object& key, double remaining,
@@ -645,7 +619,7 @@ waits for the store.)doc")
                 Timestamp(Duration(static_cast<Duration::rep>(at * 1000.0 + 0.5))),
                 Duration(static_cast<Duration::rep>(remaining * 1000.0 + 0.5)), RecordRef{s, k}));
           },
-          "Raises idem.InProgress for a busy answer of _try_begin.")
+          "Raises idem.InProgress for a busy answer of _begin.")
       .def(
           "shutdown",
           [](PyExecutor& self, const OptSeconds& timeout) {

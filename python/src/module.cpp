@@ -1,12 +1,10 @@
 // The _idem extension module: errors, stores, the interpreter-exit hook. The executor is in
 // executor.cpp.
 
-#include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
-#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,14 +76,6 @@ SharedObject::SharedObject(py::object object)
       }) {}
 
 // --- conversions ---
-
-Duration to_duration(std::chrono::duration<double> seconds) {
-  const double ms = std::round(seconds.count() * 1000.0);
-  // Out-of-range values are clamped so that the library's validation names them.
-  if (!(ms < 1e15)) return Duration(static_cast<Duration::rep>(1e15));
-  if (!(ms > -1e15)) return Duration(static_cast<Duration::rep>(-1e15));
-  return Duration(static_cast<Duration::rep>(ms));
-}
 
 py::object to_datetime(Timestamp t) {
   static py::object* from_timestamp = [] {
