@@ -38,7 +38,7 @@ class Gate {
   // Refuses every later enter() and waits for the threads inside to leave. The caller holds
   // the GIL; it is released while waiting, so those threads can finish.
   void close();
-  bool is_open();
+  bool is_open() const;
   // Set first thing at exit, before the executors are shut down: an acquisition that
   // completes from then on gives its key back (begin raises ShutDown) rather than start an
   // action while the process exits (a waiter would otherwise take over the key that the
@@ -52,7 +52,7 @@ class Gate {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool open_ = true;
+  std::atomic<bool> open_{true};  // written under mu_
   int inside_ = 0;
   unsigned long main_thread_ = 0;
   std::atomic<bool> exiting_{false};

@@ -29,7 +29,7 @@ Gate& Gate::instance() {
 
 bool Gate::enter() {
   std::lock_guard lock(mu_);
-  if (!open_) return false;
+  if (!open_.load(std::memory_order_relaxed)) return false;
   ++inside_;
   return true;
 }
@@ -39,15 +39,12 @@ void Gate::leave() {
   if (--inside_ == 0) cv_.notify_all();
 }
 
-bool Gate::is_open() {
-  std::lock_guard lock(mu_);
-  return open_;
-}
+bool Gate::is_open() const { return open_.load(std::memory_order_acquire); }
 
 void Gate::close() {
   {
     std::lock_guard lock(mu_);
-    open_ = false;
+    open_.store(false, std::memory_order_release);
   }
   // A thread inside may be waiting for the GIL this thread holds.
   without_gil([&] {
@@ -58,9 +55,21 @@ void Gate::close() {
 
 bool Gate::on_main_thread() const { return PyThread_get_thread_ident() == main_thread_; }
 
+namespace {
+
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+}  // namespace
+
 void restore_thread(PyThreadState* saved) {
   Gate& gate = Gate::instance();
-  if (!gate.on_main_thread() && (!gate.is_open() || _Py_IsFinalizing())) {
+  if (!gate.on_main_thread() && (!gate.is_open() || interpreter_finalizing())) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
   PyEval_RestoreThread(saved);
