@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import idem
+from conftest import eventually
 
 THREADS = 16
 
@@ -66,8 +67,7 @@ def test_fail_fast_duplicates_get_in_progress_never_a_second_run(executor, scope
 
     owner = threading.Thread(target=lambda: outcomes.append(executor.run(scope, "k", owner_action)))
     owner.start()
-    while executor.active_leases == 0:
-        pass
+    eventually(lambda: executor.active_leases == 1, "the owner to hold the key")
     for _ in range(20):
         try:
             executor.run(scope, "k", lambda a: runs.append("dup"))
