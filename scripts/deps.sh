@@ -12,6 +12,10 @@ IDEM_PACKAGES=(
   libboost-dev libssl-dev curl wrk
   util-linux bsdutils  # setpriv and script, for the idem tool's tests
   clang-14 libfuzzer-14-dev  # the fuzzers (scripts/fuzz.sh)
+  # the Python package (python/, docs/python.md) and its tests
+  python3-dev pybind11-dev python3-pybind11 python3-setuptools python3-wheel python3-pip
+  python3-venv python3-pytest python3-redis python3-psycopg python3-starlette python3-uvicorn
+  python3-httpx
 )
 
 idem_install_deps() {

@@ -57,7 +57,8 @@ build_and_test() {
   stage_done "$name: test"
 }
 
-build_and_test release build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# The Python package (label `python`) is built and tested in the release build only.
+build_and_test release build/release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_BUILD_PYTHON=ON
 echo "== crash soak build/release"
 # --verbose: the figures each soak prints go into the log (docs/RELIABILITY.md quotes them).
 ctest --test-dir build/release -L soak --verbose
