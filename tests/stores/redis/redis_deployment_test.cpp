@@ -83,9 +83,11 @@ struct ReplicaPair {
   }
 };
 
+// WAIT for the replica up to 1 s: long enough that a replica whose link is up always
+// answers in time on a loaded machine.
 RedisStoreOptions waiting_for_one_replica(RedisStoreOptions o) {
   o.wait_replicas = 1;
-  o.wait_timeout = 100ms;
+  o.wait_timeout = 1s;
   return o;
 }
 
@@ -156,7 +158,8 @@ TEST_F(PrivateRedisTest, ACompleteTheReplicasDidNotConfirmIsNeverReportedRecorde
   EXPECT_EQ(r.value, "late");
   EXPECT_FALSE(r.replayed);
   RawRedis on_replica(servers.replica.port());
-  const auto copy = redis::decode_record(on_replica.text({"GET", late_key}));
+  const std::string stored = on_replica.text({"GET", late_key});  // the record views into it
+  const auto copy = redis::decode_record(stored);
   ASSERT_TRUE(copy.has_value());
   EXPECT_EQ(copy->payload, "late");
 }
@@ -188,8 +191,8 @@ TEST_F(PrivateRedisTest, ARepeatedCompleteIsConfirmedOnlyOnceTheReplicasHaveTheF
   servers.replica.resume();
   EXPECT_THAT(store->complete("s", "k", lease.token, "result", 1h), IsDone());
   RawRedis on_replica(servers.replica.port());
-  const auto copy =
-      redis::decode_record(on_replica.text({"GET", redis::record_key(o.prefix, "s", "k")}));
+  const std::string stored = on_replica.text({"GET", redis::record_key(o.prefix, "s", "k")});
+  const auto copy = redis::decode_record(stored);  // views into `stored`
   ASSERT_TRUE(copy.has_value());
   EXPECT_EQ(copy->kind, redis::kKindComplete);
   EXPECT_EQ(copy->payload, "result");
@@ -256,7 +259,7 @@ TEST_F(PrivateRedisTest, AFailoverLosesNothingReportedRecordedAndRunsNothingTwic
   for (int i = 0; i < 3; ++i) cut_keys.push_back("cut-" + std::to_string(i));
 #ifdef IDEM_BINARY
   const std::string tool_url = "redis://127.0.0.1:" + std::to_string(servers.primary.port()) +
-                               "/0?wait_replicas=1&wait_timeout=100&prefix=" + o.prefix;
+                               "/0?wait_replicas=1&wait_timeout=1000&prefix=" + o.prefix;
   const std::string dir = servers.primary.dir();
 #endif
   {
