@@ -405,14 +405,26 @@ int run_command(RunArgs& args) {
     return kExitLeaseLost;
   } catch (const StoreUnavailable& e) {
     if (!command_succeeded) throw;
+    // Unconfirmed (Redis with wait_replicas): the result is on the server idem talks to,
+    // not confirmed on the replicas a failover would promote.
+    const bool unconfirmed = e.unconfirmed();
     print_error(
         kName,
-        fmt::format("the command ran and exited 0, but its result could not be recorded: {} "
-                    "(tried {} times while the lease lasted). The record of {} stays in "
-                    "progress until its lease ends; the next run of the key then takes it over "
-                    "and runs the command again (with IDEM_STOLEN=1). Do not simply run it "
-                    "again: check first whether the command's effects happened",
-                    e.what(), store->complete_failures(), describe_key(args)));
+        fmt::format("the command ran and exited 0, but {}: {} (tried {} times while the lease "
+                    "lasted). {}. Do not simply run it again: check first whether the "
+                    "command's effects happened",
+                    unconfirmed ? "the store could not confirm its result"
+                                : "its result could not be recorded",
+                    e.what(), store->complete_failures(),
+                    unconfirmed
+                        ? fmt::format("A later run of {} replays it, unless a failover loses "
+                                      "it; then that run takes the key over and runs the "
+                                      "command again",
+                                      describe_key(args))
+                        : fmt::format("The record of {} stays in progress until its lease "
+                                      "ends; the next run of the key then takes it over and "
+                                      "runs the command again (with IDEM_STOLEN=1)",
+                                      describe_key(args))));
     return kExitNotRecorded;
   }
 }

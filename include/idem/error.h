@@ -141,13 +141,24 @@ class LeaseLost : public Error {
 class StoreUnavailable : public Error {
  public:
   // `store` names the store with its URL redacted ("sqlite:///var/lib/x.db").
-  StoreUnavailable(std::string store, std::string reason, RecordRef record = {});
+  // `unconfirmed`: see unconfirmed().
+  StoreUnavailable(std::string store, std::string reason, RecordRef record = {},
+                   bool unconfirmed = false);
   const std::string& store() const noexcept { return store_; }
   const std::string& reason() const noexcept { return reason_; }
+  // True when a write may have taken effect where the store can read it back, but the store
+  // could not confirm it as durable as it was asked to (Redis with wait_replicas: fewer
+  // replicas than asked acknowledged it, so a failover may lose it). Reading the record
+  // back then shows the write and proves nothing: the executor never takes such a read as
+  // proof that a result was recorded; only the same write repeated and confirmed is (SPEC
+  // §4 makes a repeated complete safe). False for every other failure, whose outcome a
+  // read of the record settles.
+  bool unconfirmed() const noexcept { return unconfirmed_; }
 
  private:
   std::string store_;
   std::string reason_;
+  bool unconfirmed_;
 };
 
 // Codec<T>::decode threw on a stored result. The executor wraps whatever it threw; the

@@ -8,6 +8,12 @@
 // it then may or may not have taken effect (a lost reply). Expected outcomes (busy, replay,
 // fenced) are returned as values, never thrown.
 //
+// A store that makes writes durable beyond the server that answers (Redis with
+// wait_replicas) throws StoreUnavailable with unconfirmed() set when a write may have taken
+// effect there but was not confirmed as durable as asked: a read of the record then shows
+// the write and proves nothing about it surviving a failover, so callers must not take such
+// a read as proof (the executor repeats the complete instead, see error.h).
+//
 // The public methods are non-virtual: they validate their inputs once (SPEC §10) and throw
 // idem::InvalidArgument before anything reaches the store, then call the protected do_*
 // method that a store implements. A store never repeats the validation.

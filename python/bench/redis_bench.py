@@ -68,8 +68,10 @@ class ByHand:
 
     def run(self, scope: bytes, key: bytes, action) -> tuple:
         k = record_key(b"idem:", scope, key)
+        # The acquire script also keeps the store's token key (docs/stores/redis.md, "Tokens").
         reply = self.acquire_script(
-            keys=[k], args=[LEASE_MS, TTL_MS, self.NO_FINGERPRINT, max(LEASE_MS, TTL_MS)]
+            keys=[k, b"idem:tokens"],
+            args=[LEASE_MS, TTL_MS, self.NO_FINGERPRINT, max(LEASE_MS, TTL_MS)],
         )
         if isinstance(reply, list):
             raise RuntimeError("busy")

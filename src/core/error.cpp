@@ -131,10 +131,12 @@ LeaseLost::LeaseLost(Token token, const std::string& why, RecordRef record)
     : Error(ErrorCode::kLeaseLost, "lease " + std::to_string(token) + " was lost: " + why, record),
       token_(token) {}
 
-StoreUnavailable::StoreUnavailable(std::string store, std::string reason, RecordRef record)
+StoreUnavailable::StoreUnavailable(std::string store, std::string reason, RecordRef record,
+                                   bool unconfirmed)
     : Error(ErrorCode::kStoreUnavailable, "store " + store + " unavailable: " + reason, record),
       store_(std::move(store)),
-      reason_(std::move(reason)) {}
+      reason_(std::move(reason)),
+      unconfirmed_(unconfirmed) {}
 
 DecodeFailed::DecodeFailed(std::string bytes, const std::string& reason, RecordRef record)
     : Error(ErrorCode::kDecodeFailed,

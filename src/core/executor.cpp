@@ -545,7 +545,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     } catch (const StoreUnavailable& e) {
       // A store does not know which call it served: name the record here.
       if (!e.key().empty()) throw;
-      throw StoreUnavailable(e.store(), e.reason(), record);
+      throw StoreUnavailable(e.store(), e.reason(), record, e.unconfirmed());
     } catch (const Error&) {
       throw;
     } catch (const std::runtime_error& e) {
@@ -706,7 +706,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   // record still IN_PROGRESS with this token gets the complete again, at once the first
   // time (the read just reached the store) and then with a doubling pause, while the lease
   // is ours by our own clock. SPEC §4 makes every repeat safe: a complete repeated with the
-  // token that completed the record changes nothing and is done.
+  // token that completed the record changes nothing and is done. An error that says the
+  // write is unconfirmed (StoreUnavailable::unconfirmed) is never settled by a read: the
+  // complete is repeated until the store confirms it or the lease runs out.
   WriteResult write_result(InFlight& owner, const std::string& bytes) {
     Duration pause = kCompleteFirstRetry;
     for (int tries = 0;; ++tries) {
@@ -717,7 +719,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
             },
             owner.record());
       } catch (const StoreUnavailable& e) {
-        const ReadBack seen = read_back(owner);
+        // A write the store took but could not confirm durable (store.h): a read would show
+        // it and prove nothing, so only a repeat that the store confirms records the result.
+        const ReadBack seen = e.unconfirmed() ? ReadBack::kUnknown : read_back(owner);
         if (seen == ReadBack::kRecorded) return WriteResult::kDone;
         if (seen == ReadBack::kNotOurs) return WriteResult::kFenced;
         const bool immediately = tries == 0 && seen == ReadBack::kStillOurs;
@@ -727,7 +731,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
               e.reason() + (seen == ReadBack::kStillOurs
                                 ? "; the result was not recorded"
                                 : "; the result may or may not have been recorded"),
-              owner.record());
+              owner.record(), e.unconfirmed());
         }
         if (!immediately) {
           std::this_thread::sleep_for(pause);

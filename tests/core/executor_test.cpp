@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "idem/clock.h"
+#include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
 #include "support/eventually.h"
 #include "idem/testing/fault_store.h"
@@ -417,6 +418,63 @@ TEST_P(ExecutorFormTest, LostCompleteReplyAndFailedReadBackRetryTheCompleteAndRe
   EXPECT_EQ(r.value, "v");
   EXPECT_EQ(store_->calls(Op::kComplete), 2u);
   EXPECT_EQ(memory_->get("s", "k")->payload, "v");
+}
+
+// A store that applies every complete but reports the first `n` unconfirmed, as a Redis
+// store with wait_replicas does when no replica acknowledged the write: the record reads
+// back COMPLETE, and that read proves nothing (StoreUnavailable::unconfirmed).
+class UnconfirmedCompletes : public idem::StoreWrapper {
+ public:
+  UnconfirmedCompletes(std::shared_ptr<idem::Store> target, int n)
+      : StoreWrapper(std::move(target)), left_(n) {}
+  std::atomic<int> completes{0};
+  std::atomic<int> gets{0};
+
+ protected:
+  idem::WriteResult do_complete(std::string_view scope, std::string_view key, idem::Token token,
+                                std::string_view payload, Duration ttl) override {
+    ++completes;
+    const idem::WriteResult r = StoreWrapper::do_complete(scope, key, token, payload, ttl);
+    if (left_.fetch_sub(1) > 0) {
+      throw idem::StoreUnavailable("replicated://", "only 0 of 1 replicas acknowledged the write",
+                                   {}, /*unconfirmed=*/true);
+    }
+    return r;
+  }
+  std::optional<idem::Record> do_get(std::string_view scope, std::string_view key) override {
+    ++gets;
+    return StoreWrapper::do_get(scope, key);
+  }
+
+ private:
+  std::atomic<int> left_;
+};
+
+TEST_P(ExecutorFormTest, UnconfirmedCompleteIsRepeatedUntilConfirmedNeverSettledByARead) {
+  auto store = std::make_shared<UnconfirmedCompletes>(memory_, 2);
+  Executor exec(store, ExecutorOptions{.lease = 10s});
+  auto r = call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+  EXPECT_EQ(r.value, "v");
+  EXPECT_FALSE(r.replayed);
+  // The record read COMPLETE after the first complete; only the third, confirmed, counted.
+  EXPECT_EQ(store->completes.load(), 3);
+  EXPECT_EQ(store->gets.load(), 0);
+}
+
+TEST_P(ExecutorFormTest, CompleteNeverConfirmedSaysTheResultMayOrMayNotHaveBeenRecorded) {
+  auto store = std::make_shared<UnconfirmedCompletes>(memory_, 1 << 30);
+  Executor exec(store, ExecutorOptions{.lease = 200ms});
+  try {
+    (void)call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+    ADD_FAILURE() << "a result the store never confirmed was reported recorded";
+  } catch (const idem::StoreUnavailable& e) {
+    EXPECT_TRUE(e.unconfirmed());
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("may or may not have been recorded"));
+    EXPECT_EQ(e.key(), "k");
+  }
+  EXPECT_GE(store->completes.load(), 2);
+  // A read would have shown it recorded: the record is COMPLETE with this call's token.
+  EXPECT_EQ(memory_->get("s", "k")->state, idem::RecordState::kComplete);
 }
 
 TEST_P(ExecutorFormTest, FailedCompleteAfterATakeoverGivesLeaseLostWithoutAnotherWrite) {

@@ -7,7 +7,8 @@
 //   unix://[user:password@]/path/to/redis.sock[?db=N&options]
 //
 // (see open_store.h and docs/stores/redis.md). Needs Redis 6.2 or later. Tokens increase
-// strictly per key (SPEC §2) but are not unique across keys.
+// strictly across the whole store (SPEC §2), whatever the server's clock does, for as long
+// as the store's token key survives.
 
 #include <cstddef>
 #include <cstdint>
@@ -52,7 +53,8 @@ struct RedisStoreOptions {
   Duration connect_timeout{2000};
   // After each acquire and complete that wrote, wait until this many replicas have the
   // write (WAIT), up to wait_timeout; fewer in time fails the call with StoreUnavailable
-  // (an acquire's lease is then released). 0: do not wait.
+  // (an acquire's lease is then released; a complete's error is unconfirmed(): the result
+  // is on this server, and a read of it proves nothing about the replicas). 0: do not wait.
   int wait_replicas = 0;
   Duration wait_timeout{1000};
   // See RedisReplayPath.
@@ -60,6 +62,11 @@ struct RedisStoreOptions {
   // Never write: get() and acquires answered without a write (replay, busy) work; anything
   // else throws StoreUnavailable. Only the read-only script is loaded.
   bool read_only = false;
+  // False (the default): on every (re)connection, read the server's maxmemory-policy (INFO
+  // memory) and refuse any policy but noeviction with StoreUnavailable, since an evicted
+  // lease or result lets an action run twice. True: skip the check and accept that risk
+  // (docs/stores/redis.md, "Eviction"). URL: eviction=refuse|allow.
+  bool allow_eviction = false;
 };
 
 // Counters of a store's connections, for metrics and tests.

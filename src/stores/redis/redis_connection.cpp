@@ -118,6 +118,25 @@ std::string explain_server_error(std::string_view message) {
   return cause + ": " + std::string(message);
 }
 
+std::string eviction_refusal(std::string_view info) {
+  constexpr std::string_view kField = "maxmemory_policy:";
+  const std::size_t at = info.find(kField);
+  if (at == std::string_view::npos) {
+    return "cannot tell the server's maxmemory-policy (INFO memory has no maxmemory_policy "
+           "line); open the store with eviction=allow to skip the check "
+           "(docs/stores/redis.md, \"Eviction\")";
+  }
+  std::string_view policy = info.substr(at + kField.size());
+  policy = policy.substr(0, policy.find_first_of("\r\n"));
+  if (policy == "noeviction") return {};
+  return "the server's maxmemory-policy is " + std::string(policy) +
+         ", which lets Redis evict idem's records when it reaches maxmemory: an evicted lease "
+         "lets a second caller run the action beside the first, an evicted result lets it run "
+         "again. Set maxmemory-policy to noeviction (redis.conf, CONFIG SET maxmemory-policy "
+         "noeviction, or the provider's parameter group), or accept that risk with "
+         "eviction=allow in the store URL (docs/stores/redis.md, \"Eviction\")";
+}
+
 // --- Connection -------------------------------------------------------------------------
 
 Connection::Connection(const ConnectionSettings& settings) : settings_(settings) {}
@@ -203,6 +222,11 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
     w.begin(2).arg("SELECT").arg(std::int64_t{settings_.db});
     what.emplace_back("SELECT");
   }
+  // On every (re)connection: a failover or a restart may bring another policy.
+  if (settings_.refuse_eviction) {
+    w.begin(2).arg("INFO").arg("memory");
+    what.emplace_back("INFO");
+  }
   for (const ScriptId id : settings_.scripts) {
     w.begin(3).arg("SCRIPT").arg("LOAD").arg(kScripts[id]->body);
     what.emplace_back("SCRIPT LOAD");
@@ -222,9 +246,19 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
         } else if (step == "SELECT") {
           failure = "cannot select database " + std::to_string(settings_.db) + ": " +
                     explain_server_error(reply_text(*r));
+        } else if (step == "INFO") {
+          failure = "cannot read the server's maxmemory-policy (INFO memory): " +
+                    explain_server_error(reply_text(*r)) +
+                    "; grant the user +info, or open the store with eviction=allow "
+                    "(docs/stores/redis.md, \"Eviction\")";
         } else {
           failure = "cannot load the store's scripts: " + explain_server_error(reply_text(*r));
         }
+      }
+    } else if (step == "INFO") {
+      if (failure.empty()) {
+        failure = eviction_refusal(r->type == REDIS_REPLY_STRING ? reply_text(*r)
+                                                                 : std::string_view());
       }
     } else if (step == "SCRIPT LOAD") {
       if (shas != nullptr && r->type == REDIS_REPLY_STRING) {

@@ -63,6 +63,9 @@ struct ConnectionSettings {
   std::vector<ScriptId> scripts;
   // "WAIT n ms", sent after a batch holding a call that asks for it; empty: never.
   std::string wait_command;
+  // Read the server's maxmemory-policy (INFO memory) on every (re)connection and refuse
+  // any policy but noeviction (docs/stores/redis.md, "Eviction").
+  bool refuse_eviction = true;
 };
 
 // One request: one or more commands and, once done, their replies in order.
@@ -177,5 +180,9 @@ class Pool {
 // "<cause>: <server's message>" for an error reply, naming what it means for the caller
 // (authentication, ACL, memory, replica, cluster).
 std::string explain_server_error(std::string_view message);
+
+// Why a server that answered `info` to INFO memory must not hold idem's records, or empty
+// when its maxmemory-policy is noeviction.
+std::string eviction_refusal(std::string_view info);
 
 }  // namespace idem::redis

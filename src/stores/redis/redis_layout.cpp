@@ -101,6 +101,8 @@ void append_record_key(std::string& out, std::string_view prefix, std::string_vi
   out.push_back('}');
 }
 
+std::string token_key(std::string_view prefix) { return std::string(prefix) + "tokens"; }
+
 std::size_t record_key_size(std::string_view prefix, std::string_view scope,
                             std::string_view key) {
   return prefix.size() + escaped_size(scope) + escaped_size(key) + 3;

@@ -23,9 +23,13 @@
 //     42+n    ...   -                   payload          -
 //
 //   Times are milliseconds since the epoch by the server's clock (TIME); tokens are
-//   microseconds (docs/stores/redis.md, "Tokens"). A tombstone is left only in the rare
-//   case where a record is deleted before the server clock has passed its token, and lives
-//   only until it has; it reads as absent.
+//   microseconds (docs/stores/redis.md, "Tokens"). Tombstones were written by earlier
+//   versions (a record deleted before the server clock had passed its token) and expire on
+//   their own; this version reads them as absent and never writes one.
+//   - one more string key per store: PREFIX "tokens", the token key, holding the largest
+//     token the store has issued (8 bytes, big-endian). It has no braces, so it is never a
+//     record's key. (Redis Cluster would need one per hash slot, in the record's slot:
+//     PREFIX "tokens{" tag "}" with a tag of that slot.)
 
 #include <charconv>
 #include <cstddef>
@@ -44,6 +48,9 @@ inline constexpr char kKindTombstone = 'T';
 inline constexpr unsigned kHashSlots = 16384;
 // Tokens are exact in the scripts' Lua numbers (doubles) below this (until the year 2255).
 inline constexpr std::uint64_t kMaxToken = std::uint64_t{1} << 53;
+
+// The store's token key under `prefix` (see above).
+std::string token_key(std::string_view prefix);
 
 // The Redis key of record (scope, key) under `prefix`.
 void append_record_key(std::string& out, std::string_view prefix, std::string_view scope,

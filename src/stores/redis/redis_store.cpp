@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,19 @@ std::string token_text(Token token) {
 }
 
 std::string_view text_of(const redisReply& r) { return {r.str, r.len}; }
+
+// TIME's reply (seconds and microseconds, as text) in milliseconds; nullopt if malformed.
+std::optional<std::int64_t> server_ms(const redisReply& r) {
+  if (r.type != REDIS_REPLY_ARRAY || r.elements != 2) return std::nullopt;
+  std::int64_t part[2] = {0, 0};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const redisReply& e = *r.element[i];
+    if (e.type != REDIS_REPLY_STRING) return std::nullopt;
+    const auto [end, ec] = std::from_chars(e.str, e.str + e.len, part[i]);
+    if (ec != std::errc{} || end != e.str + e.len) return std::nullopt;
+  }
+  return part[0] * 1000 + part[1] / 1000;
+}
 
 bool is_error(const Reply& r, std::string_view code) {
   return r->type == REDIS_REPLY_ERROR && text_of(*r).substr(0, code.size()) == code;
@@ -83,6 +97,7 @@ void validate(const RedisStoreOptions& o) {
 struct RedisStore::Impl {
   RedisStoreOptions o;
   std::string describe;
+  std::string token_key;  // redis_layout.h
   redis::ScriptShas shas;
   Duration call_timeout;  // with WAIT's timeout when the store waits for replicas
   std::unique_ptr<redis::Pool> pool;
@@ -91,6 +106,7 @@ struct RedisStore::Impl {
   explicit Impl(RedisStoreOptions options) : o(std::move(options)) {
     validate(o);
     describe = describe_options(o);
+    token_key = redis::token_key(o.prefix);
     call_timeout = o.timeout + (o.wait_replicas > 0 ? o.wait_timeout : Duration{0});
     redis::ConnectionSettings s;
     s.host = o.host;
@@ -101,6 +117,7 @@ struct RedisStore::Impl {
     s.db = o.db;
     s.connect_timeout = o.connect_timeout;
     s.io_timeout = call_timeout;
+    s.refuse_eviction = !o.allow_eviction;
     if (o.read_only) {
       s.scripts = {redis::kPeek};
     } else {
@@ -119,8 +136,46 @@ struct RedisStore::Impl {
 
   [[noreturn]] void fail(const std::string& why) const { throw StoreUnavailable(describe, why); }
 
-  [[noreturn]] void bad_reply(std::string_view step, const redisReply& r) const {
-    if (r.type == REDIS_REPLY_ERROR) fail(std::string(step) + ": " + redis::explain_server_error(text_of(r)));
+  // A record's Redis key, and the record it holds.
+  struct RecordRef {
+    std::string_view scope;
+    std::string_view key;
+  };
+
+  // The key holds something other than an idem record: named, with the record it stands
+  // for, never read as one (the other stores refuse a foreign database the same way).
+  [[noreturn]] void foreign(std::string_view step, RecordRef r, std::string_view what) const {
+    throw StoreUnavailable(
+        describe,
+        std::string(step) + ": not an idem record: the Redis key \"" +
+            printable(redis::record_key(o.prefix, r.scope, r.key), 200) + "\" holds " +
+            std::string(what) +
+            "; another program writes under idem's key prefix, or another version of idem "
+            "wrote it. Give idem a prefix of its own (prefix= in the store URL), or delete "
+            "the key (idem forget)",
+        ::idem::RecordRef{r.scope, r.key});
+  }
+
+  [[noreturn]] void bad_reply(std::string_view step, const redisReply& r,
+                              std::optional<RecordRef> record = std::nullopt) const {
+    if (r.type == REDIS_REPLY_ERROR) {
+      const std::string_view text = text_of(r);
+      if (record && text.substr(0, 9) == "WRONGTYPE") {
+        foreign(step, *record, "a Redis value of another type (WRONGTYPE)");
+      }
+      if (record && text.find("not an idem record") != std::string_view::npos) {
+        foreign(step, *record, "a value idem did not write");
+      }
+      if (text.find("not an idem token key") != std::string_view::npos) {
+        throw StoreUnavailable(
+            describe,
+            std::string(step) + ": the store's token key \"" + printable(token_key, 200) +
+                "\" holds a value idem did not write; another program writes under idem's key "
+                "prefix. Give idem a prefix of its own (prefix= in the store URL)",
+            record ? ::idem::RecordRef{record->scope, record->key} : ::idem::RecordRef{});
+      }
+      fail(std::string(step) + ": " + redis::explain_server_error(text));
+    }
     fail(std::string(step) + ": unexpected reply from the server (type " + std::to_string(r.type) +
          ")");
   }
@@ -130,27 +185,25 @@ struct RedisStore::Impl {
   }
 
   // A record's Redis key, written straight into a request.
-  struct RecordRef {
-    std::string_view scope;
-    std::string_view key;
-  };
   void append_key(CommandWriter& w, RecordRef r) const {
     w.arg_of(redis::record_key_size(o.prefix, r.scope, r.key), [&](std::string& out) {
       redis::append_record_key(out, o.prefix, r.scope, r.key);
     });
   }
 
-  // EVALSHA of a script on one record key, or EVAL with its body once the server said it
-  // has lost it (NOSCRIPT).
+  // EVALSHA of a script on one record key (and the token key, for acquire), or EVAL with
+  // its body once the server said it has lost it (NOSCRIPT).
   template <typename... Args>
   void append_script(std::string& out, ScriptId id, bool by_body, RecordRef record,
                      const Args&... args) const {
+    const bool tokens = id == redis::kAcquire;
     CommandWriter w(out);
-    w.begin(4 + sizeof...(args))
+    w.begin(4 + (tokens ? 1 : 0) + sizeof...(args))
         .arg(by_body ? "EVAL" : "EVALSHA")
         .arg(by_body ? std::string_view(redis::kScripts[id]->body) : std::string_view(shas[id]))
-        .arg("1");
+        .arg(tokens ? "2" : "1");
     append_key(w, record);
+    if (tokens) w.arg(token_key);
     (w.arg(args), ...);
   }
 
@@ -197,18 +250,23 @@ struct RedisStore::Impl {
   }
 
   // A write that the caller asked to see on replicas: fewer of them in time fails the call.
-  void check_replicas(std::string_view step, long long acked) const {
+  // `unconfirmed`: the write stays on this server (error.h: a read of it proves nothing).
+  void check_replicas(std::string_view step, long long acked, bool unconfirmed) const {
     if (o.wait_replicas > 0 && acked < o.wait_replicas) {
-      fail(std::string(step) + ": only " + std::to_string(std::max(acked, 0LL)) + " of " +
-           std::to_string(o.wait_replicas) + " replicas acknowledged the write within " +
-           std::to_string(o.wait_timeout.count()) +
-           " ms (WAIT); the write is on the primary but a failover could lose it");
+      throw StoreUnavailable(
+          describe,
+          std::string(step) + ": only " + std::to_string(std::max(acked, 0LL)) + " of " +
+              std::to_string(o.wait_replicas) + " replicas acknowledged the write within " +
+              std::to_string(o.wait_timeout.count()) +
+              " ms (WAIT); the write is on the primary but a failover could lose it",
+          {}, unconfirmed);
     }
   }
 
-  redis::StoredRecord decode(std::string_view step, const redisReply& r, char kind) const {
+  redis::StoredRecord decode(std::string_view step, const redisReply& r, char kind,
+                             RecordRef record) const {
     std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
-    if (!rec || rec->kind != kind) fail(std::string(step) + ": the key does not hold an idem record");
+    if (!rec || rec->kind != kind) foreign(step, record, "a value idem did not write");
     return *rec;
   }
 
@@ -229,7 +287,7 @@ struct RedisStore::Impl {
 
   AcquireResult acquire_read_only(RecordRef key) {
     const Reply r = run_one(redis::kPeek, key);
-    const auto [now, rec] = peeked(r);
+    const auto [now, rec] = peeked("acquire", r, key);
     if (rec && rec->kind == redis::kKindComplete && rec->expires_at > now) return replay_of(*rec);
     if (rec && rec->kind == redis::kKindInProgress && rec->lease_expires_at > now) {
       return busy_of(*rec, now);
@@ -239,16 +297,20 @@ struct RedisStore::Impl {
   }
 
   // The peek script's reply: the server's now and the record, if any.
-  std::pair<std::int64_t, std::optional<redis::StoredRecord>> peeked(const Reply& r) const {
+  std::pair<std::int64_t, std::optional<redis::StoredRecord>> peeked(std::string_view step,
+                                                                     const Reply& r,
+                                                                     RecordRef record) const {
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 || r->elements > 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
-      bad_reply("get", *r);
+      bad_reply(step, *r, record);
     }
     const std::int64_t now = r->element[0]->integer;
     if (r->elements == 1) return {now, std::nullopt};
-    if (r->element[1]->type != REDIS_REPLY_STRING) bad_reply("get", *r->element[1]);
+    if (r->element[1]->type != REDIS_REPLY_STRING) bad_reply(step, *r->element[1], record);
     std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(*r->element[1]));
-    if (!rec) fail("get: the key does not hold an idem record");
+    if (!rec || rec->kind == redis::kKindTombstone) {
+      foreign(step, record, "a value idem did not write");
+    }
     return {now, rec};
   }
 };
@@ -272,22 +334,27 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
   const Impl::RecordRef k{scope, key};
   if (m.o.read_only) return m.acquire_read_only(k);
   if (m.o.replay == RedisReplayPath::kGet) {
-    // Redis checks a key's expiry on every access by its own clock, and a COMPLETE
-    // record's key expires 1 ms before its expires_at unless its token's millisecond is
-    // later still (a clock that stepped back). So a key GET returns whose expiry is
-    // expires_at - 1 is, by the server's clock, a live result (SPEC §4: Replay).
-    Reply r = std::move(m.run(1, [&](std::string& out, std::size_t, bool) {
-                          CommandWriter w(out);
-                          m.append_key(w.begin(2).arg("GET"), k);
-                        }).replies.front());
-    if (r->type == REDIS_REPLY_STRING) {
-      const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(*r));
-      if (rec && rec->kind == redis::kKindComplete &&
-          rec->expires_at - 1 >= static_cast<std::int64_t>(rec->token / 1000)) {
+    // A plain GET, then TIME in the same round trip: a COMPLETE record whose expires_at is
+    // later than that TIME was live when the GET read it (SPEC §4: Replay), whatever its
+    // key's own expiry says (the key may have lost it: PERSIST, RESTORE with TTL 0).
+    const Impl::Outcome got = m.run(2, [&](std::string& out, std::size_t i, bool) {
+      CommandWriter w(out);
+      if (i == 0) {
+        m.append_key(w.begin(2).arg("GET"), k);
+      } else {
+        w.begin(1).arg("TIME");
+      }
+    });
+    const redisReply& r = *got.replies[0];
+    if (r.type == REDIS_REPLY_STRING) {
+      const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
+      const std::optional<std::int64_t> now = server_ms(*got.replies[1]);
+      if (!now) m.bad_reply("acquire", *got.replies[1]);
+      if (rec && rec->kind == redis::kKindComplete && rec->expires_at > *now) {
         return m.replay_of(*rec);
       }
-    } else if (r->type == REDIS_REPLY_ERROR) {
-      m.bad_reply("acquire", *r);
+    } else if (r.type == REDIS_REPLY_ERROR) {
+      m.bad_reply("acquire", r, k);
     }
   }
   std::string fp;
@@ -303,13 +370,15 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
   const redisReply& r = *out.replies.front();
   if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 &&
       r.element[0]->type == REDIS_REPLY_INTEGER && r.element[1]->type == REDIS_REPLY_STRING) {
-    return m.busy_of(m.decode("acquire", *r.element[1], redis::kKindInProgress),
+    return m.busy_of(m.decode("acquire", *r.element[1], redis::kKindInProgress, k),
                      r.element[0]->integer);
   }
-  if (r.type != REDIS_REPLY_STRING) m.bad_reply("acquire", r);
+  if (r.type != REDIS_REPLY_STRING) m.bad_reply("acquire", r, k);
   const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
   if (rec && rec->kind == redis::kKindComplete) return m.replay_of(*rec);
-  if (!rec || rec->kind != redis::kKindInProgress) m.fail("acquire: the key does not hold an idem record");
+  if (!rec || rec->kind != redis::kKindInProgress) {
+    m.foreign("acquire", k, "a value idem did not write");
+  }
   // The record the script wrote: its token, its times by the server's clock, its attempt.
   const Token token = rec->token;
   const Timestamp now = at_ms(rec->at);
@@ -321,7 +390,7 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
       (void)do_release(scope, key, token);
     } catch (const StoreUnavailable&) {
     }
-    m.check_replicas("acquire", out.replicas_acked);
+    m.check_replicas("acquire", out.replicas_acked, /*unconfirmed=*/false);
   }
   // SPEC §4: a fresh lease has attempt 1; a steal counts on from the record's.
   return Acquired{Lease{token, now, now + lease, now + ttl, lease, attempt}, attempt > 1};
@@ -333,26 +402,34 @@ WriteResult RedisStore::do_complete(std::string_view scope, std::string_view key
   m.refuse_write("complete");
   const Impl::RecordRef k{scope, key};
   const std::string tok = token_text(token);
-  const Impl::Outcome out = m.run(
-      1,
-      [&](std::string& o, std::size_t, bool by_body) {
-        m.append_script(o, redis::kComplete, by_body, k, std::string_view(tok),
-                        std::int64_t{ttl.count()}, payload);
-      },
-      /*wait_replicas=*/true);
+  Impl::Outcome out;
+  try {
+    out = m.run(
+        1,
+        [&](std::string& o, std::size_t, bool by_body) {
+          m.append_script(o, redis::kComplete, by_body, k, std::string_view(tok),
+                          std::int64_t{ttl.count()}, payload);
+        },
+        /*wait_replicas=*/true);
+  } catch (const StoreUnavailable& e) {
+    // The complete may have landed here and not on the replicas (its reply, or WAIT's, was
+    // lost): with wait_replicas a read of this server cannot settle that (error.h).
+    if (m.o.wait_replicas > 0) throw StoreUnavailable(e.store(), e.reason(), {}, true);
+    throw;
+  }
   const redisReply& r = *out.replies.front();
-  if (r.type != REDIS_REPLY_INTEGER) m.bad_reply("complete", r);
+  if (r.type != REDIS_REPLY_INTEGER) m.bad_reply("complete", r, k);
   if (r.integer == 0) return WriteResult::kFenced;
-  m.check_replicas("complete", out.replicas_acked);
+  m.check_replicas("complete", out.replicas_acked, /*unconfirmed=*/true);
   return WriteResult::kDone;
 }
 
 WriteResult RedisStore::do_release(std::string_view scope, std::string_view key, Token token) {
   Impl& m = *impl_;
   m.refuse_write("release");
-  const Reply r =
-      m.run_one(redis::kDelete, Impl::RecordRef{scope, key}, std::string_view(token_text(token)));
-  if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("release", *r);
+  const Impl::RecordRef k{scope, key};
+  const Reply r = m.run_one(redis::kDelete, k, std::string_view(token_text(token)));
+  if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("release", *r, k);
   return r->integer == 1 ? WriteResult::kDone : WriteResult::kFenced;
 }
 
@@ -375,7 +452,9 @@ std::vector<ExtendResult> RedisStore::do_extend_many(std::span<const ExtendReque
   results.reserve(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const redisReply& r = *out.replies[i];
-    if (r.type != REDIS_REPLY_INTEGER) m.bad_reply("extend", r);
+    if (r.type != REDIS_REPLY_INTEGER) {
+      m.bad_reply("extend", r, Impl::RecordRef{requests[i].scope, requests[i].key});
+    }
     if (r.integer == 0) {
       results.push_back(ExtendResult{});
     } else {
@@ -393,8 +472,9 @@ std::size_t RedisStore::do_purge(std::size_t) {
 
 std::optional<Record> RedisStore::do_get(std::string_view scope, std::string_view key) {
   Impl& m = *impl_;
-  const Reply r = m.run_one(redis::kPeek, Impl::RecordRef{scope, key});
-  const auto [now, rec] = m.peeked(r);
+  const Impl::RecordRef k{scope, key};
+  const Reply r = m.run_one(redis::kPeek, k);
+  const auto [now, rec] = m.peeked("get", r, k);
   if (!rec) return std::nullopt;
   Record out;
   out.token = rec->token;
@@ -417,8 +497,9 @@ std::optional<Record> RedisStore::do_get(std::string_view scope, std::string_vie
 bool RedisStore::do_forget(std::string_view scope, std::string_view key) {
   Impl& m = *impl_;
   m.refuse_write("forget");
-  const Reply r = m.run_one(redis::kDelete, Impl::RecordRef{scope, key}, std::string_view());
-  if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("forget", *r);
+  const Impl::RecordRef k{scope, key};
+  const Reply r = m.run_one(redis::kDelete, k, std::string_view());
+  if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("forget", *r, k);
   return r->integer == 1;
 }
 
@@ -484,6 +565,16 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
       o.wait_replicas = static_cast<int>(parse_number(name, value, 0, 1000));
     } else if (name == "wait_timeout") {
       o.wait_timeout = Duration(parse_number(name, value, 1, kMaxMs));
+    } else if (name == "eviction") {
+      if (value == "refuse") {
+        o.allow_eviction = false;
+      } else if (value == "allow") {
+        o.allow_eviction = true;
+      } else {
+        throw InvalidArgument("store URL",
+                              "parameter 'eviction' must be 'refuse' or 'allow', got '" + value +
+                                  "'");
+      }
     } else if (name == "replay") {
       if (value == "script") {
         o.replay = RedisReplayPath::kScript;
@@ -498,7 +589,7 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
           "store URL", "unknown parameter '" + name + "' for " + url.scheme +
                            ": (known: " + (url.scheme == "unix" ? "db, " : "") +
                            "prefix, connections, timeout, connect_timeout, wait_replicas, "
-                           "wait_timeout, replay)");
+                           "wait_timeout, replay, eviction)");
     }
   }
   return std::make_shared<RedisStore>(std::move(o));

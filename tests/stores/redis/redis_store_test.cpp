@@ -45,10 +45,11 @@ class RedisStoreTest : public SharedRedisTest {
   std::string redis_key(std::string_view scope, std::string_view key) const {
     return redis::record_key(options_.prefix, scope, key);
   }
-  // The keys under this test's prefix, as the server lists them.
+  // The record keys under this test's prefix, as the server lists them (not the store's
+  // token key).
   std::vector<std::string> keys(RawRedis& raw) {
     std::vector<std::string> out;
-    RawReply r = raw.command({"KEYS", options_.prefix + "*"});
+    RawReply r = raw.command({"KEYS", options_.prefix + "{*"});
     if (!r) return out;
     for (std::size_t i = 0; i < r->elements; ++i) {
       out.emplace_back(r->element[i]->str, r->element[i]->len);
@@ -224,37 +225,60 @@ TEST_F(RedisStoreTest, TokensIncreasePerKeyAcrossReleaseForgetExpiryAndSteals) {
   EXPECT_EQ(violations.load(), 0);
 }
 
-TEST_F(RedisStoreTest, ATokenAheadOfTheServerClockStillOrdersLaterTokens) {
-  // A record written before the server's clock stepped back holds a token from the
-  // "future". Deleting it leaves a tombstone until the clock passes that token, so a token
-  // made from the clock afterwards is still larger (docs/stores/redis.md, "Tokens").
+// The store's token key as the acquire script keeps it: 8 bytes, big-endian.
+std::string packed_token(std::uint64_t token) {
+  std::string v;
+  for (int shift = 56; shift >= 0; shift -= 8) v.push_back(static_cast<char>(token >> shift));
+  return v;
+}
+
+TEST_F(RedisStoreTest, TokensIssuedAheadOfTheServerClockStillOrderLaterTokens) {
+  // Tokens issued before the server's clock stepped back are from its "future". The token
+  // key holds the largest, so a token made from the clock afterwards is still larger, also
+  // for a key whose record was released, forgotten or expired meanwhile
+  // (docs/stores/redis.md, "Tokens").
   auto store = open();
   RawRedis raw(options_);
   const std::int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
   const std::uint64_t future = static_cast<std::uint64_t>(now_ms + 60'000) * 1000;
-  for (const char* how : {"release", "forget"}) {
+  ASSERT_EQ(raw.text({"SET", redis::token_key(options_.prefix), packed_token(future)}), "OK");
+  for (const char* how : {"release", "forget", "absent"}) {
     SCOPED_TRACE(how);
     const std::string k = redis_key("s", how);
-    ASSERT_EQ(raw.text({"SET", k,
-                        value('P', future, now_ms, now_ms + 60'000, now_ms + 60'000, 1,
-                              no_fingerprint()),
-                        "PXAT", std::to_string(now_ms + 120'000)}),
-              "OK");
+    if (std::string(how) != "absent") {
+      ASSERT_EQ(raw.text({"SET", k,
+                          value('P', future, now_ms, now_ms + 60'000, now_ms + 60'000, 1,
+                                no_fingerprint()),
+                          "PXAT", std::to_string(now_ms + 120'000)}),
+                "OK");
+    }
     if (std::string(how) == "release") {
       ASSERT_THAT(store->release("s", how, future), IsDone());
-    } else {
+    } else if (std::string(how) == "forget") {
       ASSERT_TRUE(store->forget("s", how));
     }
-    EXPECT_EQ(store->get("s", how), std::nullopt);  // a tombstone reads as absent
-    EXPECT_EQ(raw.integer({"EXISTS", k}), 1);
-    EXPECT_EQ(raw.integer({"PEXPIRETIME", k}), static_cast<long long>(future / 1000));
-    EXPECT_FALSE(store->forget("s", how));
+    EXPECT_EQ(raw.integer({"EXISTS", k}), 0);
     const AcquireResult r = store->acquire("s", how, 30s, 1h);
     ASSERT_THAT(r, IsFreshlyAcquired());
     EXPECT_GT(std::get<Acquired>(r).lease.token, future);
   }
+  // A tombstone an earlier version left (a record deleted before the clock passed its
+  // token) reads as absent, and its token still orders the next one.
+  const std::uint64_t later = future + 5'000'000;
+  const std::string k = redis_key("s", "tombstone");
+  ASSERT_EQ(raw.text({"SET", k, value('T', later, 0, 0, 0, 0, ""), "PXAT",
+                      std::to_string(later / 1000)}),
+            "OK");
+  EXPECT_EQ(store->get("s", "tombstone"), std::nullopt);
+  EXPECT_FALSE(store->forget("s", "tombstone"));
+  ASSERT_EQ(raw.text({"SET", k, value('T', later, 0, 0, 0, 0, ""), "PXAT",
+                      std::to_string(later / 1000)}),
+            "OK");
+  const AcquireResult r = store->acquire("s", "tombstone", 30s, 1h);
+  ASSERT_THAT(r, IsFreshlyAcquired());
+  EXPECT_GT(std::get<Acquired>(r).lease.token, later);
 }
 
 TEST_F(RedisStoreTest, ExtendManyIsOneRoundTripWithResultsInOrder) {
@@ -290,14 +314,15 @@ TEST_F(RedisStoreTest, ExtendManyIsOneRoundTripWithResultsInOrder) {
   }
 }
 
-TEST_F(RedisStoreTest, ReplayFromAPlainGetIsOneCommandAndFreshKeysPayTwo) {
+TEST_F(RedisStoreTest, ReplayFromAPlainGetIsOneRoundTripAndFreshKeysPayTwo) {
   RedisStoreOptions o = options_;
   o.replay = RedisReplayPath::kGet;
   auto store = open(o);
   RedisStats s0 = store->stats();
   const Lease lease = std::get<Acquired>(store->acquire("s", "k", 30s, 1h, "fp")).lease;
   RedisStats s1 = store->stats();
-  EXPECT_EQ(s1.commands - s0.commands, 2u);  // GET (miss), then the acquire script
+  EXPECT_EQ(s1.commands - s0.commands, 3u);  // GET (miss) and TIME, then the acquire script
+  EXPECT_EQ(s1.round_trips - s0.round_trips, 2u);
   EXPECT_THAT(store->acquire("s", "k", 30s, 1h), IsBusy());
   ASSERT_THAT(store->complete("s", "k", lease.token, "result", 1h), IsDone());
   s1 = store->stats();
@@ -305,7 +330,7 @@ TEST_F(RedisStoreTest, ReplayFromAPlainGetIsOneCommandAndFreshKeysPayTwo) {
   const RedisStats s2 = store->stats();
   ASSERT_THAT(r, IsReplay("result"));
   EXPECT_EQ(std::get<Replay>(r).fingerprint, std::optional<std::string>("fp"));
-  EXPECT_EQ(s2.commands - s1.commands, 1u);  // GET alone
+  EXPECT_EQ(s2.commands - s1.commands, 2u);  // GET and TIME, no script
   EXPECT_EQ(s2.round_trips - s1.round_trips, 1u);
 }
 

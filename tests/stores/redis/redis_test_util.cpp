@@ -165,7 +165,8 @@ std::string program_path(const std::string& name) {
 
 bool have_program(const std::string& name) { return !program_path(name).empty(); }
 
-PrivateRedis::PrivateRedis(std::vector<std::string> args) : args_(std::move(args)) {
+PrivateRedis::PrivateRedis(std::vector<std::string> args, std::vector<std::string> env)
+    : args_(std::move(args)), env_(std::move(env)) {
   std::string pattern =
       (std::filesystem::temp_directory_path() / "idem-private-redis-XXXXXX").string();
   if (::mkdtemp(pattern.data()) == nullptr) {
@@ -209,6 +210,13 @@ void PrivateRedis::start() {
   std::vector<char*> argv;
   for (std::string& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Built before fork: the child of a threaded process may only make async-signal-safe
+  // calls.
+  std::vector<std::string> env_strings = env_;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const std::string path = program_path("redis-server");
   if (path.empty()) {
     ADD_FAILURE() << "redis-server is not on PATH";
@@ -223,7 +231,7 @@ void PrivateRedis::start() {
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
-    ::execv(path.c_str(), argv.data());
+    ::execve(path.c_str(), argv.data(), envp.data());
     ::_exit(127);
   }
   if (pid < 0) {

@@ -8,6 +8,7 @@
 //  - PrivateRedis, a redis-server of the test's own (for tests that stop, restart, pause or
 //    reconfigure a server, which must not disturb the shared one other tests use).
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "idem/error.h"
 #include "idem/stores/redis_store.h"
 #include "support/require_server.h"
 
@@ -73,11 +75,11 @@ class RawRedis {
 };
 
 // A redis-server of the test's own on a free loopback port and a unix socket, in a
-// temporary directory, without persistence unless `args` asks for it. Killed and removed
-// by the destructor.
+// temporary directory, without persistence unless `args` asks for it; `env` ("NAME=value")
+// is added to its environment. Killed and removed by the destructor.
 class PrivateRedis {
  public:
-  explicit PrivateRedis(std::vector<std::string> args = {});
+  explicit PrivateRedis(std::vector<std::string> args = {}, std::vector<std::string> env = {});
   ~PrivateRedis();
   PrivateRedis(const PrivateRedis&) = delete;
   PrivateRedis& operator=(const PrivateRedis&) = delete;
@@ -101,10 +103,27 @@ class PrivateRedis {
  private:
   void start();
   std::vector<std::string> args_;
+  std::vector<std::string> env_;
   std::string dir_;
   int port_ = 0;
   int pid_ = -1;
 };
+
+// Expects `step` to throw StoreUnavailable whose message holds every part; returns it.
+template <typename F>
+std::optional<StoreUnavailable> expect_unavailable(F&& step,
+                                                   const std::vector<std::string>& parts) {
+  try {
+    step();
+    ADD_FAILURE() << "no StoreUnavailable";
+  } catch (const StoreUnavailable& e) {
+    for (const std::string& part : parts) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(part));
+    }
+    return e;
+  }
+  return std::nullopt;
+}
 
 // A loopback TCP port nothing listens on right now (bound, then closed again).
 int unused_port();
