@@ -886,6 +886,22 @@ std::size_t parse_count(const std::string& name, const std::string& value) {
   return n;
 }
 
+// The value of an enumerated URL parameter: the one of `choices` (word, value) whose word
+// it is, or InvalidArgument listing the words.
+template <typename T>
+T parse_choice(const std::string& name, const std::string& value,
+               std::initializer_list<std::pair<std::string_view, T>> choices) {
+  std::string words;
+  std::size_t i = 0;
+  for (const auto& [word, result] : choices) {
+    if (value == word) return result;
+    words += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + ("'" + std::string(word) + "'");
+    ++i;
+  }
+  throw InvalidArgument("store URL",
+                        "parameter '" + name + "' must be " + words + ", got '" + value + "'");
+}
+
 }  // namespace
 
 std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& options) {
@@ -912,55 +928,24 @@ std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& op
     } else if (name == "timeout") {
       o.timeout = Duration{static_cast<Duration::rep>(parse_count(name, value))};
     } else if (name == "synchronous_commit") {
-      if (value != "off" && value != "default") {
-        throw InvalidArgument("store URL",
-                              "parameter 'synchronous_commit' must be 'default' or 'off', got '" +
-                                  value + "'");
-      }
-      o.asynchronous_commit = value == "off";
-    } else if (name == "pooler") {
-      if (value == "auto") {
-        o.pooler = PostgresPooler::kAuto;
-      } else if (value == "none") {
-        o.pooler = PostgresPooler::kNone;
-      } else if (value == "session") {
-        o.pooler = PostgresPooler::kSession;
-      } else if (value == "transaction") {
-        o.pooler = PostgresPooler::kTransaction;
-      } else {
-        throw InvalidArgument("store URL",
-                              "parameter 'pooler' must be 'auto', 'none', 'session' or "
-                              "'transaction', got '" +
-                                  value + "'");
-      }
-    } else if (name == "statements") {
-      if (value != "prepared" && value != "unnamed") {
-        throw InvalidArgument("store URL",
-                              "parameter 'statements' must be 'prepared' or 'unnamed', got '" +
-                                  value + "'");
-      }
-      o.statements =
-          value == "prepared" ? PostgresStatements::kPrepared : PostgresStatements::kUnnamed;
-    } else if (name == "server") {
-      if (value != "postgresql" && value != "any") {
-        throw InvalidArgument("store URL",
-                              "parameter 'server' must be 'postgresql' or 'any', got '" + value +
-                                  "'");
-      }
-      o.check_server = value == "postgresql";
+      o.asynchronous_commit = parse_choice<bool>(name, value, {{"default", false}, {"off", true}});
     } else if (name == "acquire") {
-      if (value == "adaptive") {
-        o.acquire = PostgresAcquire::kAdaptive;
-      } else if (value == "read-first") {
-        o.acquire = PostgresAcquire::kReadFirst;
-      } else if (value == "write-first") {
-        o.acquire = PostgresAcquire::kWriteFirst;
-      } else {
-        throw InvalidArgument("store URL",
-                              "parameter 'acquire' must be 'adaptive', 'read-first' or "
-                              "'write-first', got '" +
-                                  value + "'");
-      }
+      o.acquire = parse_choice<PostgresAcquire>(name, value,
+                                                {{"adaptive", PostgresAcquire::kAdaptive},
+                                                 {"read-first", PostgresAcquire::kReadFirst},
+                                                 {"write-first", PostgresAcquire::kWriteFirst}});
+    } else if (name == "pooler") {
+      o.pooler = parse_choice<PostgresPooler>(name, value,
+                                              {{"auto", PostgresPooler::kAuto},
+                                               {"none", PostgresPooler::kNone},
+                                               {"session", PostgresPooler::kSession},
+                                               {"transaction", PostgresPooler::kTransaction}});
+    } else if (name == "statements") {
+      o.statements = parse_choice<PostgresStatements>(
+          name, value,
+          {{"prepared", PostgresStatements::kPrepared}, {"unnamed", PostgresStatements::kUnnamed}});
+    } else if (name == "server") {
+      o.check_server = parse_choice<bool>(name, value, {{"postgresql", true}, {"any", false}});
     } else {
       add(name, value);  // libpq's own: sslmode, connect_timeout, application_name, ...
     }

@@ -738,7 +738,11 @@ TEST_P(PostgresIdleSession, ACallOnASessionTheServerEndedWhileIdleRunsOnANewConn
 }
 
 INSTANTIATE_TEST_SUITE_P(Poolers, PostgresIdleSession,
-                         ::testing::Values("auto", "transaction"));
+                         ::testing::Values("auto", "transaction"),
+                         [](const auto& info) {
+                           return info.param == "auto" ? std::string("OwnSession")
+                                                       : std::string("Transaction");
+                         });
 
 }  // namespace
 }  // namespace idem::testing
