@@ -362,10 +362,11 @@ std::string Connection::timeout_reason(const char* doing) const {
   if (!answered_) {
     switch (use_.pooler) {
       case Pooler::kPresent:
-        return out + " for a server connection: the pooler in front of PostgreSQL gave this new "
-                     "connection none in time (its first statement got no reply); in session "
-                     "pooling each of idem's connections keeps a server connection for its "
-                     "life, so the pooler's pool for this database and user must be at least " +
+        return "timed out after " + ms_text(timeout_) +
+               " waiting for a server connection: the pooler in front of PostgreSQL gave this "
+               "new connection none in time (its first statement got no reply); in session "
+               "pooling each of idem's connections keeps a server connection for its life, so "
+               "the pooler's pool for this database and user must be at least " +
                pool + " times the processes that share it " + sizing;
       case Pooler::kUnknown:
         return out + ": a new connection got no reply at all to its first statement; if a "
@@ -496,7 +497,11 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
     out.failure = {what + ": " + one_line(PQerrorMessage(c)), "", true};
     broken_ = true;
   };
-  if (!PQenterPipelineMode(c)) {
+  // One statement already prepared, or sent as text, needs no pipeline: libpq sends its
+  // messages and a Sync in one go, and the client does less per call (replays on a
+  // connection of its own, most of all).
+  const bool pipelined = steps.size() > 1 || (named && parse[0]);
+  if (pipelined && !PQenterPipelineMode(c)) {
     lost("cannot start a pipeline");
     return out;
   }
@@ -536,7 +541,7 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
   }
   // The transaction commits with the last step (its COMMIT, or the Sync after it), which is
   // sent last: a send that failed before the end never let it commit.
-  if (!queued || !PQpipelineSync(c)) {
+  if (!queued || (pipelined && !PQpipelineSync(c))) {
     lost("connection lost sending a statement");
     out.failure.not_executed = true;
     return out;
@@ -560,8 +565,10 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
     if (gone && PQisBusy(c)) break;
     PGresult* r = PQgetResult(c);
     if (r == nullptr) {
-      // The end of one command's results; none at all when the connection is gone.
-      if (PQstatus(c) != CONNECTION_OK || command >= commands.size()) break;
+      // The end of one command's results (the last, without a pipeline); none at all when
+      // the connection is gone.
+      if (!pipelined && PQstatus(c) == CONNECTION_OK) out.ok = !failed;
+      if (!pipelined || PQstatus(c) != CONNECTION_OK || command >= commands.size()) break;
       ++command;
       continue;
     }
@@ -612,7 +619,7 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
     out.ok = false;
     return out;
   }
-  if (!PQexitPipelineMode(c)) {
+  if (pipelined && !PQexitPipelineMode(c)) {
     lost("cannot end a pipeline");
     return out;
   }
