@@ -20,7 +20,8 @@
 namespace idem::testing {
 
 // (name, URL) pairs, e.g. {"postgres", "postgresql://..."}; `with_poolers` adds
-// {"postgres_pgbouncer", ...}.
+// {"postgres_pgbouncer", ...}, on a table of its own: the same test of the two cases often
+// runs at once, and one's purge must not take the other's expired records.
 inline std::vector<std::pair<std::string, std::string>> server_store_urls(
     bool with_poolers = false) {
   struct Server {
@@ -28,11 +29,13 @@ inline std::vector<std::pair<std::string, std::string>> server_store_urls(
     const char* scheme;
     const char* env;
     bool pooler;
+    const char* query;  // added to the URL
   };
   static constexpr Server kServers[] = {
-      {"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL", false},
-      {"postgres_pgbouncer", "postgresql", "IDEM_TEST_PGBOUNCER_TX_URL", true},
-      {"redis", "redis", "IDEM_TEST_REDIS_URL", false}};
+      {"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL", false, ""},
+      {"postgres_pgbouncer", "postgresql", "IDEM_TEST_PGBOUNCER_TX_URL", true,
+       "table=idem_records_pgbouncer"},
+      {"redis", "redis", "IDEM_TEST_REDIS_URL", false, ""}};
   const std::vector<std::string> built = idem::available_schemes();
   const bool require = servers_required();
   std::vector<std::pair<std::string, std::string>> out;
@@ -47,7 +50,11 @@ inline std::vector<std::pair<std::string, std::string>> server_store_urls(
       }
       continue;
     }
-    out.emplace_back(s.name, url);
+    std::string full = url;
+    if (*s.query != '\0') {
+      full += (full.find('?') == std::string::npos ? "?" : "&") + std::string(s.query);
+    }
+    out.emplace_back(s.name, full);
   }
   return out;
 }

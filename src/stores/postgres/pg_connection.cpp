@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 namespace idem::postgres {
@@ -273,6 +276,10 @@ bool ended_while_idle(std::string_view sqlstate, std::string_view message) {
 // arrived.
 constexpr std::size_t kSmallPipeline = 4096;
 
+// How long a call past its deadline waits, at most, for the cancel of its statement to
+// reach the server.
+constexpr std::chrono::milliseconds kCancelWait{500};
+
 }  // namespace
 
 Connection::Connection(const std::vector<std::pair<std::string, std::string>>& params,
@@ -312,21 +319,38 @@ Connection::Connection(const std::vector<std::pair<std::string, std::string>>& p
 Connection::~Connection() {
   if (!cancel_on_close_ || !conn_) return;
   // A statement that outlived its deadline may still run on the server (waiting for a lock,
-  // say): ask the server to cancel it, which also reaches the right server session through
-  // PgBouncer, then close. PQcancel connects and may block, so a thread of its own does it.
+  // say), and would commit if what it waits for went away: have the server cancel it
+  // before the call returns, since the caller may release that at once; then close.
+  // PQcancel (which reaches the right server session through PgBouncer too) connects and
+  // may block on a dead network, so a thread of its own sends it, and the call waits for it
+  // at most kCancelWait.
+  struct Sent {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto sent = std::make_shared<Sent>();
   PGconn* c = conn_.release();
   try {
-    std::thread([c] {
+    std::thread([c, sent] {
       if (PGcancel* cancel = PQgetCancel(c)) {
         char error[256];
-        (void)PQcancel(cancel, error, sizeof error);
+        (void)PQcancel(cancel, error, sizeof error);  // returns once the server took it
         PQfreeCancel(cancel);
       }
+      {
+        std::lock_guard lock(sent->mu);
+        sent->done = true;
+      }
+      sent->cv.notify_all();
       PQfinish(c);
     }).detach();
   } catch (...) {
     PQfinish(c);  // no thread to spare: close without cancelling
+    return;
   }
+  std::unique_lock lock(sent->mu);
+  sent->cv.wait_for(lock, kCancelWait, [&] { return sent->done; });
 }
 
 bool Connection::usable() const {

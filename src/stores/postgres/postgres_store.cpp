@@ -4,9 +4,12 @@
 #include <atomic>
 #include <charconv>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -34,7 +37,6 @@ using postgres::Result;
 using postgres::SessionUse;
 using postgres::Statement;
 using postgres::SteadyClock;
-using postgres::Step;
 using postgres::TableNames;
 
 // Requests per batched statement, and the largest payload a batched complete carries (a
