@@ -15,6 +15,9 @@
 // The server comes from IDEM_BENCH_POSTGRES_URL, else IDEM_TEST_POSTGRES_URL. The heartbeat
 // size comes from IDEM_BENCH_HEARTBEAT_LEASES (default 1000) and
 // IDEM_BENCH_HEARTBEAT_SECONDS (default 4); the figures in the docs use 10000 and 30.
+// IDEM_BENCH_RAW_STATEMENTS=unnamed makes the raw side send its statements' texts instead of
+// preparing them: what a plain libpq program can do behind PgBouncer 1.18 in transaction
+// pooling, where a statement prepared on one server connection is missing on the next.
 //
 //   build/release/bench/postgres_bench --benchmark_repetitions=3
 //       --benchmark_enable_random_interleaving=true
@@ -80,10 +83,12 @@ std::string be64(std::int64_t v) {
   return out;
 }
 
-// A raw connection with the statements prepared: the least each step needs.
+// A raw connection with the statements prepared (or, with IDEM_BENCH_RAW_STATEMENTS=unnamed,
+// sent as text every time): the least each step needs.
 class Raw {
  public:
-  explicit Raw(bool synchronous) : c_(PQconnectdb(g_url.c_str())) {
+  explicit Raw(bool synchronous)
+      : c_(PQconnectdb(g_url.c_str())), unnamed_(env("IDEM_BENCH_RAW_STATEMENTS") == "unnamed") {
     if (PQstatus(c_) != CONNECTION_OK) die(c_, "connect");
     exec(synchronous ? "SET synchronous_commit = on" : "SET synchronous_commit = off");
     const idem::postgres::TableNames names{current_schema(), g_table};
@@ -117,13 +122,13 @@ class Raw {
     const char* v1[] = {kScope, key.data(), lease.data(), ttl.data()};
     const int l1[] = {5, static_cast<int>(key.size()), 8, 8};
     const int f[] = {1, 1, 1, 1, 1};
-    PGresult* r = PQexecPrepared(c_, "upsert", 4, v1, l1, f, 1);
+    PGresult* r = run("upsert", 4, v1, l1, f);
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) die(c_, "upsert");
     const std::string token(PQgetvalue(r, 0, 0), 8);
     PQclear(r);
     const char* v2[] = {kScope, key.data(), token.data(), kPayload.data(), ttl.data()};
     const int l2[] = {5, static_cast<int>(key.size()), 8, static_cast<int>(kPayload.size()), 8};
-    r = PQexecPrepared(c_, "complete", 5, v2, l2, f, 1);
+    r = run("complete", 5, v2, l2, f);
     if (PQresultStatus(r) != PGRES_COMMAND_OK) die(c_, "complete");
     PQclear(r);
   }
@@ -132,7 +137,7 @@ class Raw {
     const char* v[] = {kScope, key.data()};
     const int l[] = {5, static_cast<int>(key.size())};
     const int f[] = {1, 1};
-    PGresult* r = PQexecPrepared(c_, "select", 2, v, l, f, 1);
+    PGresult* r = run("select", 2, v, l, f);
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) die(c_, "select");
     PQclear(r);
   }
@@ -156,12 +161,23 @@ class Raw {
   std::string current_schema() { return value("SELECT current_schema()"); }
 
   void prepare(const char* name, const std::string& sql, const std::vector<Oid>& types) {
+    statements_[name] = {sql, types};
+    if (unnamed_) return;
     PGresult* r = PQprepare(c_, name, sql.c_str(), static_cast<int>(types.size()), types.data());
     if (PQresultStatus(r) != PGRES_COMMAND_OK) die(c_, std::string("prepare ") + name);
     PQclear(r);
   }
 
+  PGresult* run(const char* name, int n, const char* const* values, const int* lengths,
+                const int* formats) {
+    if (!unnamed_) return PQexecPrepared(c_, name, n, values, lengths, formats, 1);
+    const auto& [sql, types] = statements_.at(name);
+    return PQexecParams(c_, sql.c_str(), n, types.data(), values, lengths, formats, 1);
+  }
+
   PGconn* c_;
+  bool unnamed_;
+  std::map<std::string, std::pair<std::string, std::vector<Oid>>> statements_;
 };
 
 std::string replay_key(std::int64_t i) { return "populated-" + std::to_string(i); }

@@ -9,6 +9,7 @@ IDEM_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
+  pgbouncer  # in front of the test PostgreSQL in both pooling modes (scripts/servers.sh)
   libboost-dev libssl-dev curl wrk
   util-linux bsdutils  # setpriv and script, for the idem tool's tests
   clang-14 libfuzzer-14-dev  # the fuzzers (scripts/fuzz.sh)

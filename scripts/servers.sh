@@ -5,6 +5,8 @@
 #
 #   source scripts/servers.sh; idem_start_postgres; idem_start_redis
 #   ... IDEM_TEST_POSTGRES_URL and IDEM_TEST_REDIS_URL are set ...
+#   idem_start_pgbouncer transaction; idem_start_pgbouncer session   (after PostgreSQL)
+#   ... IDEM_TEST_PGBOUNCER_TX_URL and IDEM_TEST_PGBOUNCER_SESSION_URL are set ...
 #
 # Nothing here listens beyond 127.0.0.1 and the temporary unix sockets.
 
@@ -75,6 +77,62 @@ idem_start_postgres() {
   export IDEM_TEST_POSTGRES_PORT=$port
   export IDEM_TEST_POSTGRES_DATA=$dir/data
   echo "== PostgreSQL on 127.0.0.1:$port (data in $dir)"
+}
+
+# Debian's PgBouncer (1.18) from DIR, in front of the PostgreSQL server at SERVER_HOST (a
+# socket directory or an address) and SERVER_PORT: listens on 127.0.0.1:PORT and a unix
+# socket in DIR, with pool_mode MODE (session or transaction), and sends every database
+# name on to the server (a `*` entry). Every other setting is PgBouncer's default but what
+# it takes to reach the server: trust authentication for the postgres user (listed in
+# DIR/userlist.txt). Extra arguments are added to the database entry (e.g. pool_size=1).
+# PgBouncer refuses to run as root, so it runs as the `postgres` user; DIR becomes that
+# user's. Its pid is in DIR/pgbouncer.pid, its log in DIR/pgbouncer.log.
+idem_pgbouncer_run() {
+  local dir=$1 port=$2 mode=$3 server_host=$4 server_port=$5; shift 5
+  cat >"$dir/pgbouncer.ini" <<EOF
+[databases]
+* = host=$server_host port=$server_port $*
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir = $dir
+auth_type = trust
+auth_file = $dir/userlist.txt
+pool_mode = $mode
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+  echo '"postgres" ""' >"$dir/userlist.txt"
+  chown -R postgres:postgres "$dir"
+  chmod 700 "$dir"
+  runuser -u postgres -- pgbouncer -d -q "$dir/pgbouncer.ini" || { cat "$dir/pgbouncer.log" >&2; return 1; }
+  local i
+  for i in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  cat "$dir/pgbouncer.log" >&2
+  return 1
+}
+
+# PgBouncer in MODE (transaction or session) in front of the server idem_start_postgres
+# started, reaching it through its unix socket. Exports IDEM_TEST_PGBOUNCER_TX_URL or
+# IDEM_TEST_PGBOUNCER_SESSION_URL (database idem_test, user postgres).
+idem_start_pgbouncer() {
+  local mode=$1 dir port url
+  dir=$(mktemp -d /tmp/idem-pgbouncer.XXXXXX)
+  port=$(idem_free_port)
+  _idem_server_dirs+=("$dir")
+  idem_pgbouncer_run "$dir" "$port" "$mode" "$IDEM_TEST_POSTGRES_SOCKET_DIR" \
+    "$IDEM_TEST_POSTGRES_PORT" || return 1
+  _idem_server_stops+=("kill \$(cat '$dir/pgbouncer.pid')")
+  url="postgresql://postgres@127.0.0.1:$port/idem_test"
+  case $mode in
+    transaction) export IDEM_TEST_PGBOUNCER_TX_URL=$url ;;
+    session) export IDEM_TEST_PGBOUNCER_SESSION_URL=$url ;;
+    *) echo "idem_start_pgbouncer: MODE must be transaction or session" >&2; return 1 ;;
+  esac
+  echo "== PgBouncer ($mode pooling) on 127.0.0.1:$port in front of PostgreSQL"
 }
 
 # Redis: no persistence, TCP on 127.0.0.1 and a unix socket in the temporary directory.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: a release build (tests, examples, benchmark smoke runs, the
-# install test, and the store suites against real PostgreSQL and Redis servers that this
-# script starts on loopback and stops at the end), the crash soak on every store (release
-# only, one store after another, under a minute each), then the tests again under
+# install test, and the store suites against real PostgreSQL (directly and behind PgBouncer)
+# and Redis servers that this script starts on loopback and stops at the end), the crash
+# soak on every store (release only, one store after another, under a minute each), then the tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, then the
 # libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Prints the time each stage took.
 # IDEM_TSAN=0 skips the ThreadSanitizer build; IDEM_FUZZ_SECONDS sets the time per fuzzer
@@ -39,8 +39,12 @@ jobs=$(nproc)
 # Store tests fail, not skip, when a server they need is missing.
 export IDEM_REQUIRE_SERVERS=1
 idem_start_postgres
+# PgBouncer in front of it, default settings, in both pooling modes: the PostgreSQL suites,
+# the crash soak and the tool's tests also run through them (label pgbouncer, release only).
+idem_start_pgbouncer transaction
+idem_start_pgbouncer session
 idem_start_redis
-stage_done "start PostgreSQL and Redis"
+stage_done "start PostgreSQL, PgBouncer and Redis"
 
 build_and_test() {
   local name=$1 dir=$2; shift 2

@@ -45,6 +45,9 @@
 #ifndef IDEM_SIGNAL_RECORDER
 #error "IDEM_SIGNAL_RECORDER is set by tests/cli/CMakeLists.txt"
 #endif
+#ifndef IDEM_CLI_TEST_POOLERS
+#error "IDEM_CLI_TEST_POOLERS is set by tests/cli/CMakeLists.txt"
+#endif
 
 namespace idem::cli::test {
 namespace {
@@ -210,11 +213,13 @@ struct StoreCase {
 void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
 
 // SQLite, then each server store this build includes whose server the test script started
-// (support/server_stores.h: with IDEM_REQUIRE_SERVERS=1 a missing one fails the run).
+// (support/server_stores.h: with IDEM_REQUIRE_SERVERS=1 a missing one fails the run), and
+// in the build with the server stores' own suites (IDEM_CLI_TEST_POOLERS) PostgreSQL behind
+// PgBouncer in transaction pooling too.
 std::vector<StoreCase> shared_stores() {
   std::vector<StoreCase> out;
   out.push_back({"sqlite", [](const TempDir& d) { return "sqlite://" + (d / "idem.db"); }});
-  for (auto& [name, url] : idem::testing::server_store_urls()) {
+  for (auto& [name, url] : idem::testing::server_store_urls(IDEM_CLI_TEST_POOLERS != 0)) {
     out.push_back({name, [u = url](const TempDir&) { return u; }});
   }
   return out;

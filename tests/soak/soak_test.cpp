@@ -6,7 +6,8 @@
 // payload came from an action that ran with the token that completed it, and no completed
 // record vanished before its TTL.
 //
-// Environment: IDEM_SOAK_SECONDS (default 45), IDEM_SOAK_WORKERS (default 4) and
+// Environment: IDEM_SOAK_SECONDS (default 45; 25 for PostgreSQL behind PgBouncer, the same
+// store again), IDEM_SOAK_WORKERS (default 4) and
 // IDEM_SOAK_SEED (default: from the clock; printed, and it replays the controller's choice
 // of faults, not the machine's timing). A longer run: scripts/soak.sh. A server store's
 // soak fails instead of skipping when its server program is missing and
@@ -65,6 +66,8 @@ struct Target {
   std::function<void()> pause_server;
   std::function<void()> resume_server;
   bool unique_tokens = true;  // SPEC §2: tokens unique across keys
+  long default_seconds = 45;  // unless IDEM_SOAK_SECONDS says otherwise
+  std::string check_url{};    // where the final records are read, when not `url`
 };
 
 // A temporary directory, removed at the end.
@@ -102,7 +105,7 @@ std::string read_file(const std::string& path) {
 
 // Runs the soak on `target`, with logs in `dir`.
 void soak(const Target& target, const std::string& dir) {
-  const long seconds = env_number("IDEM_SOAK_SECONDS", 45);
+  const long seconds = env_number("IDEM_SOAK_SECONDS", target.default_seconds);
   const long workers = env_number("IDEM_SOAK_WORKERS", 4);
   const std::uint64_t seed = static_cast<std::uint64_t>(env_number(
       "IDEM_SOAK_SEED", std::chrono::system_clock::now().time_since_epoch().count() % 1000000));
@@ -190,7 +193,8 @@ void soak(const Target& target, const std::string& dir) {
   std::vector<std::string> texts;
   for (const std::string& path : logs) texts.push_back(read_file(path));
   std::map<std::string, soak::FinalRecord> final_records;
-  std::shared_ptr<Store> store = open_store(target.url);
+  std::shared_ptr<Store> store =
+      open_store(target.check_url.empty() ? target.url : target.check_url);
   for (const std::string& key : soak::keys_in_logs(texts)) {
     std::optional<Record> r = store->get("soak", key);
     if (!r) continue;
@@ -266,6 +270,50 @@ TEST(CrashSoak, Postgres) {
               .pause_server = nullptr,
               .resume_server = nullptr,
               .unique_tokens = true},
+       logs.path());
+}
+#endif
+
+#ifdef IDEM_PG_PGBOUNCER_SCRIPT
+// The PostgreSQL soak through a PgBouncer of its own in transaction pooling, in front of
+// the private server the soak crashes and restarts: PgBouncer stays up and reconnects, and
+// the workers' calls in flight when the server dies get PgBouncer's errors.
+TEST(CrashSoak, PostgresPgbouncer) {
+  IDEM_SKIP_OR_FAIL_UNLESS(::geteuid() == 0 && fs::exists("/usr/lib/postgresql/15/bin/initdb") &&
+                               fs::exists("/usr/sbin/pgbouncer"),
+                           "the PostgreSQL soak behind PgBouncer needs root, PostgreSQL 15 and "
+                           "pgbouncer");
+  TempDir logs;
+  TempDir server;
+  TempDir bouncer;
+  const std::string script = IDEM_PG_PRIVATE_SERVER_SCRIPT;
+  const std::string pgbouncer = IDEM_PG_PGBOUNCER_SCRIPT;
+  struct Destroy {
+    std::function<void()> f;
+    ~Destroy() { f(); }
+  } destroy{[&] {
+    run_server_script(pgbouncer, "destroy", bouncer.path());
+    run_server_script(script, "destroy", server.path());
+  }};
+  const std::string port = run_server_script(script, "start", server.path());
+  ASSERT_FALSE(port.empty());
+  // PgBouncer reaches the server through its unix socket, which trusts local users.
+  const std::string bouncer_port = run_server_script(
+      pgbouncer, "start", bouncer.path(), {"transaction", server.path(), port});
+  ASSERT_FALSE(bouncer_port.empty());
+  soak(Target{.name = "postgres-pgbouncer",
+              .url = "postgresql://postgres@127.0.0.1:" + bouncer_port +
+                     "/idem_test?table=idem_soak",
+              .kill_server = [&] { run_server_script(script, "stop", server.path()); },
+              .restart_server = [&] { run_server_script(script, "resume", server.path()); },
+              .pause_server = nullptr,
+              .resume_server = nullptr,
+              .unique_tokens = true,
+              .default_seconds = 25,
+              // From the server itself: after a crash PgBouncer refuses new clients for
+              // server_login_retry (15 s by default) once a login to the server has failed.
+              .check_url = "postgresql:///idem_test?host=" + server.path() + "&port=" + port +
+                           "&user=postgres&table=idem_soak"},
        logs.path());
 }
 #endif

@@ -7,14 +7,18 @@
 #include <stdio.h>
 
 #include <string>
+#include <vector>
 
 namespace idem::testing {
 
-// Runs `bash SCRIPT COMMAND DIR` and returns its standard output without the trailing
-// newlines; a failing script is a test failure.
+// Runs `bash SCRIPT COMMAND DIR ARGS...` and returns its standard output without the
+// trailing newlines; a failing script is a test failure. Arguments are quoted as given (no
+// single quotes in them).
 inline std::string run_server_script(const std::string& script, const std::string& command,
-                                     const std::string& dir) {
-  const std::string line = "bash '" + script + "' " + command + " '" + dir + "'";
+                                     const std::string& dir,
+                                     const std::vector<std::string>& args = {}) {
+  std::string line = "bash '" + script + "' " + command + " '" + dir + "'";
+  for (const std::string& a : args) line += " '" + a + "'";
   FILE* p = ::popen(line.c_str(), "r");
   if (p == nullptr) {
     ADD_FAILURE() << "cannot run " << line;

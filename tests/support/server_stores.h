@@ -2,8 +2,10 @@
 
 // The server stores a test runs on besides the embedded ones: each store this build
 // includes whose server the test script started (IDEM_TEST_POSTGRES_URL,
-// IDEM_TEST_REDIS_URL). With IDEM_REQUIRE_SERVERS=1 a built store whose URL is missing
-// throws, so the run fails instead of leaving that store's cases out.
+// IDEM_TEST_REDIS_URL), and on request the PostgreSQL store again behind PgBouncer in
+// transaction pooling (IDEM_TEST_PGBOUNCER_TX_URL). With IDEM_REQUIRE_SERVERS=1 a built
+// store whose URL is missing throws, so the run fails instead of leaving that store's cases
+// out.
 
 #include <algorithm>
 #include <cstdlib>
@@ -17,20 +19,29 @@
 
 namespace idem::testing {
 
-// (name, URL) pairs, e.g. {"postgres", "postgresql://..."}.
-inline std::vector<std::pair<std::string, std::string>> server_store_urls() {
+// (name, URL) pairs, e.g. {"postgres", "postgresql://..."}; `with_poolers` adds
+// {"postgres_pgbouncer", ...}, on a table of its own: the same test of the two cases often
+// runs at once, and one's purge must not take the other's expired records.
+inline std::vector<std::pair<std::string, std::string>> server_store_urls(
+    bool with_poolers = false) {
   struct Server {
     const char* name;
     const char* scheme;
     const char* env;
+    bool pooler;
+    const char* query;  // added to the URL
   };
-  static constexpr Server kServers[] = {{"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL"},
-                                        {"redis", "redis", "IDEM_TEST_REDIS_URL"}};
+  static constexpr Server kServers[] = {
+      {"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL", false, ""},
+      {"postgres_pgbouncer", "postgresql", "IDEM_TEST_PGBOUNCER_TX_URL", true,
+       "table=idem_records_pgbouncer"},
+      {"redis", "redis", "IDEM_TEST_REDIS_URL", false, ""}};
   const std::vector<std::string> built = idem::available_schemes();
   const bool require = servers_required();
   std::vector<std::pair<std::string, std::string>> out;
   for (const Server& s : kServers) {
     if (std::find(built.begin(), built.end(), s.scheme) == built.end()) continue;
+    if (s.pooler && !with_poolers) continue;
     const char* url = std::getenv(s.env);
     if (url == nullptr || *url == '\0') {
       if (require) {
@@ -39,7 +50,11 @@ inline std::vector<std::pair<std::string, std::string>> server_store_urls() {
       }
       continue;
     }
-    out.emplace_back(s.name, url);
+    std::string full = url;
+    if (*s.query != '\0') {
+      full += (full.find('?') == std::string::npos ? "?" : "&") + std::string(s.query);
+    }
+    out.emplace_back(s.name, full);
   }
   return out;
 }

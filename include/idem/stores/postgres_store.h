@@ -30,6 +30,34 @@ enum class PostgresAcquire {
   kWriteFirst,
 };
 
+// What answers the store's connections (docs/stores/postgres.md, "Deploying").
+enum class PostgresPooler {
+  // The server itself when the backend pid libpq was given at startup is the server's
+  // pg_backend_pid() (kNone); otherwise a pooler answered in its place (kTransaction).
+  kAuto,
+  // A direct connection: each connection keeps its server session for its life, so the
+  // store sets its settings once per connection and prepares each statement once.
+  kNone,
+  // A pooler in session pooling mode (PgBouncer pool_mode=session): as kNone.
+  kSession,
+  // A pooler in transaction pooling mode (PgBouncer pool_mode=transaction): consecutive
+  // transactions may run on different server sessions, so nothing the store needs is kept
+  // in a session: settings go with every call, writes run in BEGIN ISOLATION LEVEL READ
+  // COMMITTED ... COMMIT (one round trip), and no prepared statement is taken for granted.
+  kTransaction,
+};
+
+// How statements reach the server.
+enum class PostgresStatements {
+  // Named prepared statements, named by a hash of their text: parsed and planned once per
+  // server session, then only bound and run. Safe behind PgBouncer's transaction pooling
+  // (a missing one is prepared again; one name is one text everywhere).
+  kPrepared,
+  // Every statement sent with its text and parsed and planned on every call: for poolers
+  // that refuse named statements or pin a session for them. Slower (see the docs).
+  kUnnamed,
+};
+
 struct PostgresStoreOptions {
   // A libpq connection string: a URI ("postgresql://...") or "host=... dbname=..." pairs.
   // Every libpq parameter is honoured (sslmode, connect_timeout, application_name, ...).
@@ -51,23 +79,32 @@ struct PostgresStoreOptions {
   PostgresAcquire acquire = PostgresAcquire::kAdaptive;
   // Opens read-only: never creates or migrates the table (a missing one is an error), and
   // every statement runs in a read-only transaction, so acquire, complete, release,
-  // extend, purge and forget fail with StoreUnavailable while get works.
+  // extend, purge and forget fail with StoreUnavailable while get works. The only way to
+  // open a hot standby (which a writable store refuses); describe() then says so.
   bool read_only = false;
   // Whether a missing table is created. false: a missing table is an error.
   bool create_if_missing = true;
+  PostgresPooler pooler = PostgresPooler::kAuto;
+  PostgresStatements statements = PostgresStatements::kPrepared;
+  // Refuses, when the store opens, a server that is not PostgreSQL 12 or later: one whose
+  // version() names another product (CockroachDB, YugabyteDB, Redshift, ...), or whose
+  // advisory locks do not show in pg_locks (the store's per-key order rests on them).
+  // false: the caller vouches for the server.
+  bool check_server = true;
 };
 
 class PostgresStore final : public Store {
  public:
-  // Connects once, checks the table (creating it when missing, under an advisory lock, so
-  // processes starting together create it once). Throws InvalidArgument for bad options,
-  // StoreUnavailable naming the server and the cause when it cannot connect, or when the
-  // table belongs to something else or to a newer version of idem (left untouched).
+  // Connects once, checks the server (PostgreSQL, not a hot standby unless read_only) and
+  // the table (creating it when missing, under an advisory lock, so processes starting
+  // together create it once). Throws InvalidArgument for bad options, StoreUnavailable
+  // naming the server and the cause when it cannot connect, when the server is refused, or
+  // when the table belongs to something else or to a newer version of idem (left untouched).
   explicit PostgresStore(PostgresStoreOptions options);
   ~PostgresStore() override;
 
   // "postgresql://user@host:port/db", never with a password; "?table=..." when not the
-  // default table.
+  // default table; " (read-only hot standby: ...)" when opened on a standby.
   std::string describe() const override;
 
  protected:

@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 namespace idem::postgres {
 namespace {
@@ -235,11 +239,52 @@ std::string statement_failure_reason(std::string_view sqlstate, std::string_view
   return out + ": " + one_line(message);
 }
 
+// --- Statement ---
+
+Statement::Statement(std::string_view table, std::string text, std::vector<Oid> parameter_types)
+    : sql(std::move(text)), types(std::move(parameter_types)) {
+  // FNV-1a, 64 bits: the same name in every process and build that has the same text.
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto add = [&h](std::string_view bytes) {
+    for (char c : bytes) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 0x100000001b3ULL;
+    }
+  };
+  add(table);
+  add(std::string_view("\0", 1));
+  add(sql);
+  for (Oid t : types) add(big_endian(t, 4));
+  static constexpr char kHex[] = "0123456789abcdef";
+  name = "idem_";
+  for (int shift = 60; shift >= 0; shift -= 4) name += kHex[(h >> shift) & 0xf];
+}
+
 // --- Connection ---
 
+namespace {
+
+// The server ended an idle session before it read what was sent: PostgreSQL's
+// idle_session_timeout, or PgBouncer's client_idle_timeout (SQLSTATE 08P01 and the
+// setting's name). Either is only ever sent to an idle session, so nothing of the call ran.
+bool ended_while_idle(std::string_view sqlstate, std::string_view message) {
+  return sqlstate == "57P05" || (sqlstate == "08P01" && message == "client_idle_timeout");
+}
+
+// Parameter bytes above which libpq may start sending a pipeline before it is complete
+// (its output buffer flushes at 8 KiB), so a failed send no longer proves that nothing
+// arrived.
+constexpr std::size_t kSmallPipeline = 4096;
+
+// How long a call past its deadline waits, at most, for the cancel of its statement to
+// reach the server.
+constexpr std::chrono::milliseconds kCancelWait{500};
+
+}  // namespace
+
 Connection::Connection(const std::vector<std::pair<std::string, std::string>>& params,
-                       std::string store, Duration timeout, Deadline deadline)
-    : store_(std::move(store)), timeout_(timeout) {
+                       std::string store, Duration timeout, SessionUse use, Deadline deadline)
+    : store_(std::move(store)), timeout_(timeout), use_(use) {
   std::vector<const char*> keywords;
   std::vector<const char*> values;
   for (const auto& [k, v] : params) {
@@ -271,7 +316,42 @@ Connection::Connection(const std::vector<std::pair<std::string, std::string>>& p
   }
 }
 
-Connection::~Connection() = default;
+Connection::~Connection() {
+  if (!cancel_on_close_ || !conn_) return;
+  // A statement that outlived its deadline may still run on the server (waiting for a lock,
+  // say), and would commit if what it waits for went away: have the server cancel it
+  // before the call returns, since the caller may release that at once; then close.
+  // PQcancel (which reaches the right server session through PgBouncer too) connects and
+  // may block on a dead network, so a thread of its own sends it, and the call waits for it
+  // at most kCancelWait.
+  struct Sent {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto sent = std::make_shared<Sent>();
+  PGconn* c = conn_.release();
+  try {
+    std::thread([c, sent] {
+      if (PGcancel* cancel = PQgetCancel(c)) {
+        char error[256];
+        (void)PQcancel(cancel, error, sizeof error);  // returns once the server took it
+        PQfreeCancel(cancel);
+      }
+      {
+        std::lock_guard lock(sent->mu);
+        sent->done = true;
+      }
+      sent->cv.notify_all();
+      PQfinish(c);
+    }).detach();
+  } catch (...) {
+    PQfinish(c);  // no thread to spare: close without cancelling
+    return;
+  }
+  std::unique_lock lock(sent->mu);
+  sent->cv.wait_for(lock, kCancelWait, [&] { return sent->done; });
+}
 
 bool Connection::usable() const {
   return !broken_ && PQstatus(conn_.get()) == CONNECTION_OK &&
@@ -296,7 +376,40 @@ void Connection::fail(const Failure& f) {
       PQtransactionStatus(conn_.get()) != PQTRANS_IDLE) {
     broken_ = true;
   }
-  throw PgError(store_, f.reason, f.sqlstate);
+  throw PgError(store_, f.reason, f.sqlstate, f.not_executed);
+}
+
+std::string Connection::timeout_reason(const char* doing) const {
+  std::string out = std::string("timed out after ") + ms_text(timeout_) + " " + doing;
+  const std::string sizing = "(docs/stores/postgres.md, \"Sizing a pooler\")";
+  const std::string pool = "pool_size=" + std::to_string(use_.pool_size);
+  if (!answered_) {
+    switch (use_.pooler) {
+      case Pooler::kPresent:
+        return "timed out after " + ms_text(timeout_) +
+               " waiting for a server connection: the pooler in front of PostgreSQL gave this "
+               "new connection none in time (its first statement got no reply); in session "
+               "pooling each of idem's connections keeps a server connection for its life, so "
+               "the pooler's pool for this database and user must be at least " +
+               pool + " times the processes that share it " + sizing;
+      case Pooler::kUnknown:
+        return out + ": a new connection got no reply at all to its first statement; if a "
+                     "pooler (PgBouncer) sits in front of PostgreSQL, this is the wait for a "
+                     "server connection, and the pooler's pool for this database and user must "
+                     "be at least " +
+               pool + " times the processes that share it " + sizing +
+               "; otherwise the server is not answering";
+      case Pooler::kNone:
+        return out + ": a new connection got no reply at all to its first statement (the "
+                     "server is not answering)";
+    }
+  }
+  if (use_.pooler == Pooler::kPresent && !use_.own_session) {
+    out += " (behind a transaction pooler this includes waiting for a server connection: a "
+           "pool smaller than the transactions that want one at once makes them queue " +
+           sizing + ")";
+  }
+  return out;
 }
 
 void Connection::wait_socket(bool for_write, Deadline deadline, const char* doing) {
@@ -305,8 +418,9 @@ void Connection::wait_socket(bool for_write, Deadline deadline, const char* doin
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left <= std::chrono::milliseconds::zero()) {
       broken_ = true;
-      throw PgError(store_, std::string("timed out after ") + ms_text(timeout_) + " " + doing,
-                    "");
+      // Connected: a statement may be running on the server; cancel it when closing.
+      cancel_on_close_ = PQstatus(conn_.get()) == CONNECTION_OK;
+      throw PgError(store_, timeout_reason(doing), "");
     }
     pollfd p{PQsocket(conn_.get()), static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
     if (p.fd < 0) {
@@ -322,19 +436,22 @@ void Connection::wait_socket(bool for_write, Deadline deadline, const char* doin
   }
 }
 
-Result Connection::finish(Deadline deadline, const char* doing) {
+bool Connection::flush(Deadline deadline, const char* doing) {
   PGconn* c = conn_.get();
-  // Send everything libpq buffered; a full socket buffer needs the reply drained too.
+  // A full socket buffer needs the reply drained too.
   for (;;) {
     const int f = PQflush(c);
-    if (f == 0) break;
-    if (f < 0) fail({std::string("connection lost ") + doing + ": " + one_line(PQerrorMessage(c)),
-                     "", true});
+    if (f == 0) return true;
+    if (f < 0) return false;
     wait_socket(/*for_write=*/true, deadline, doing);
-    if (!PQconsumeInput(c)) {
-      fail({std::string("connection lost ") + doing + ": " + one_line(PQerrorMessage(c)), "",
-            true});
-    }
+    if (!PQconsumeInput(c)) return false;
+  }
+}
+
+Result Connection::finish(Deadline deadline, const char* doing) {
+  PGconn* c = conn_.get();
+  if (!flush(deadline, doing)) {
+    fail({std::string("connection lost ") + doing + ": " + one_line(PQerrorMessage(c)), "", true});
   }
   Result last;
   std::string error_state;
@@ -350,6 +467,7 @@ Result Connection::finish(Deadline deadline, const char* doing) {
     }
     PGresult* r = PQgetResult(c);
     if (r == nullptr) break;
+    answered_ = true;
     Result held(r);
     const ExecStatusType status = PQresultStatus(r);
     if (status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE ||
@@ -376,39 +494,211 @@ Result Connection::finish(Deadline deadline, const char* doing) {
   return last;
 }
 
-void Connection::prepare(const std::string& name, const std::string& sql,
-                         const std::vector<Oid>& types, Deadline deadline) {
-  if (!PQsendPrepare(conn_.get(), name.c_str(), sql.c_str(), static_cast<int>(types.size()),
-                     types.data())) {
-    fail({"connection lost preparing a statement: " + one_line(PQerrorMessage(conn_.get())), "",
-          true});
-  }
-  finish(deadline, "preparing a statement");
-}
-
-Result Connection::run(const std::string& name, const Params& params, Deadline deadline) {
-  if (!PQsendQueryPrepared(conn_.get(), name.c_str(), params.size(), params.values(),
-                           params.lengths(), params.formats(), /*resultFormat=*/1)) {
-    fail({"connection lost sending a statement: " + one_line(PQerrorMessage(conn_.get())), "",
-          true});
-  }
-  return finish(deadline, "waiting for the server");
-}
-
 Result Connection::exec(const std::string& sql, Deadline deadline) {
   if (!PQsendQuery(conn_.get(), sql.c_str())) {
-    fail({"connection lost sending a query: " + one_line(PQerrorMessage(conn_.get())), "", true});
+    fail({"connection lost sending a query: " + one_line(PQerrorMessage(conn_.get())), "", true,
+          /*not_executed=*/true});
   }
   return finish(deadline, "waiting for the server");
 }
 
-Result Connection::exec_params(const std::string& sql, const Params& params, Deadline deadline) {
-  if (!PQsendQueryParams(conn_.get(), sql.c_str(), params.size(), params.types(),
-                         params.values(), params.lengths(), params.formats(),
-                         /*resultFormat=*/0)) {
-    fail({"connection lost sending a query: " + one_line(PQerrorMessage(conn_.get())), "", true});
+// One attempt at a pipeline: what came back, and how far it got.
+struct Connection::Attempt {
+  bool ok = false;
+  Result result;                 // of the step asked for
+  Failure failure;               // when !ok
+  std::size_t failed_step = 0;   // the step whose command failed first
+  bool failed_in_parse = false;  // ... in its Parse (else in its Bind or Execute)
+};
+
+Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
+                                        const std::vector<bool>& parse, std::size_t result_of,
+                                        bool named, Deadline deadline) {
+  PGconn* c = conn_.get();
+  const char* doing = "waiting for the server";
+  Attempt out;
+  auto lost = [&](const std::string& what) {
+    out.failure = {what + ": " + one_line(PQerrorMessage(c)), "", true};
+    broken_ = true;
+  };
+  // One statement already prepared, or sent as text, needs no pipeline: libpq sends its
+  // messages and a Sync in one go, and the client does less per call (replays on a
+  // connection of its own, most of all).
+  const bool pipelined = steps.size() > 1 || (named && parse[0]);
+  if (pipelined && !PQenterPipelineMode(c)) {
+    lost("cannot start a pipeline");
+    return out;
   }
-  return finish(deadline, "waiting for the server");
+  // Each command of the pipeline: the step it belongs to, and whether it is the step's Parse.
+  struct Command {
+    std::size_t step;
+    bool parse;
+  };
+  std::vector<Command> commands;
+  std::size_t bytes = 0;
+  bool queued = true;
+  for (std::size_t i = 0; i < steps.size() && queued; ++i) {
+    const Statement& st = *steps[i].statement;
+    const Params* p = steps[i].params;
+    const int n = p ? p->size() : 0;
+    const char* const* values = p ? p->values() : nullptr;
+    const int* lengths = p ? p->lengths() : nullptr;
+    const int* formats = p ? p->formats() : nullptr;
+    for (int k = 0; k < n; ++k) bytes += static_cast<std::size_t>(lengths[k]);
+    const bool typed = !st.types.empty() && st.types.size() == static_cast<std::size_t>(n);
+    const Oid* types = typed ? st.types.data() : nullptr;
+    const int ntypes = typed ? n : 0;
+    if (!named) {
+      queued = PQsendQueryParams(c, st.sql.c_str(), n, types, values, lengths, formats,
+                                 /*resultFormat=*/1) != 0;
+      commands.push_back({i, false});
+      continue;
+    }
+    if (parse[i]) {
+      queued = PQsendPrepare(c, st.name.c_str(), st.sql.c_str(), ntypes, types) != 0;
+      commands.push_back({i, true});
+      if (!queued) break;
+    }
+    queued = PQsendQueryPrepared(c, st.name.c_str(), n, values, lengths, formats,
+                                 /*resultFormat=*/1) != 0;
+    commands.push_back({i, false});
+  }
+  // The transaction commits with the last step (its COMMIT, or the Sync after it), which is
+  // sent last: a send that failed before the end never let it commit.
+  if (!queued || (pipelined && !PQpipelineSync(c))) {
+    lost("connection lost sending a statement");
+    out.failure.not_executed = true;
+    return out;
+  }
+  if (!flush(deadline, doing)) {
+    lost("connection lost sending a statement");
+    out.failure.not_executed = bytes < kSmallPipeline;
+    return out;
+  }
+
+  std::size_t command = 0;  // the command whose results come next
+  bool failed = false;
+  bool last_answered = false;  // the last step's statement succeeded: it may have committed
+  for (;;) {
+    bool gone = false;
+    while (PQisBusy(c) && !gone) {
+      wait_socket(/*for_write=*/false, deadline, doing);
+      gone = !PQconsumeInput(c);
+    }
+    // What arrived before the connection closed (a FATAL error, say) is still read.
+    if (gone && PQisBusy(c)) break;
+    PGresult* r = PQgetResult(c);
+    if (r == nullptr) {
+      // The end of one command's results (the last, without a pipeline); none at all when
+      // the connection is gone.
+      if (!pipelined && PQstatus(c) == CONNECTION_OK) out.ok = !failed;
+      if (!pipelined || PQstatus(c) != CONNECTION_OK || command >= commands.size()) break;
+      ++command;
+      continue;
+    }
+    Result held(r);
+    answered_ = true;
+    const ExecStatusType status = PQresultStatus(r);
+    if (status == PGRES_PIPELINE_SYNC) {
+      out.ok = !failed;
+      break;
+    }
+    if (status == PGRES_PIPELINE_ABORTED) continue;
+    // After the last command: the Sync's own result, an error when the commit it made failed.
+    const Command cmd = command < commands.size() ? commands[command]
+                                                  : Command{steps.size() - 1, false};
+    if (status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE ||
+        status == PGRES_NONFATAL_ERROR) {
+      if (failed) continue;
+      failed = true;
+      const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      const char* primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+      const std::string sqlstate = state ? state : "";
+      const std::string message = primary ? primary : one_line(PQresultErrorMessage(r));
+      out.failure = {statement_failure_reason(sqlstate, message), sqlstate, false};
+      out.failure.not_executed = !last_answered && ended_while_idle(sqlstate, message);
+      out.failed_step = cmd.step;
+      out.failed_in_parse = cmd.parse;
+      if (use_.own_session && use_.named) {
+        if (sqlstate == "26000") prepared_.erase(steps[cmd.step].statement->name);
+        if (sqlstate == "42P05") prepared_.insert(steps[cmd.step].statement->name);
+      }
+      continue;
+    }
+    if (command >= commands.size()) continue;
+    if (cmd.parse) {
+      if (use_.own_session) prepared_.insert(steps[cmd.step].statement->name);
+      continue;
+    }
+    if (cmd.step + 1 == steps.size()) last_answered = true;
+    if (cmd.step == result_of) out.result = std::move(held);
+  }
+  if (PQstatus(c) != CONNECTION_OK) {
+    broken_ = true;
+    if (!failed) {
+      out.failure = {std::string("connection lost ") + doing + ": " + one_line(PQerrorMessage(c)),
+                     "", true};
+    }
+    out.failure.connection_lost = true;
+    out.ok = false;
+    return out;
+  }
+  if (pipelined && !PQexitPipelineMode(c)) {
+    lost("cannot end a pipeline");
+    return out;
+  }
+  if (failed) {
+    const std::string& state = out.failure.sqlstate;
+    if (state.rfind("08", 0) == 0 || state.rfind("57P", 0) == 0) {
+      broken_ = true;
+      out.failure.connection_lost = true;
+    } else {
+      roll_back(deadline);
+    }
+  }
+  return out;
+}
+
+void Connection::roll_back(Deadline deadline) {
+  // An error inside BEGIN ... COMMIT leaves the transaction open and aborted until it ends.
+  if (PQtransactionStatus(conn_.get()) != PQTRANS_INERROR) return;
+  try {
+    (void)exec("ROLLBACK", deadline);
+  } catch (const StoreUnavailable&) {
+    broken_ = true;  // dropped by the pool, which ends the transaction
+  }
+}
+
+Result Connection::run(const std::vector<Step>& steps, std::size_t result_of, Deadline deadline) {
+  std::vector<bool> parse(steps.size(), false);
+  if (use_.named && use_.own_session) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      parse[i] = !prepared_.contains(steps[i].statement->name);
+    }
+  }
+  // A named statement a server session lacks (26000) is parsed; one it has already (42P05:
+  // under a pooler, another client of the same server session prepared the same text) is
+  // bound. Either way the pipeline did nothing (the failure aborted its transaction) and is
+  // sent again. A pooler that keeps moving the calls between server sessions gets the texts
+  // themselves after a few rounds.
+  constexpr int kRounds = 4;
+  for (int round = 0; round <= kRounds; ++round) {
+    const bool by_text = round == kRounds;
+    Attempt a = attempt(steps, parse, result_of, use_.named && !by_text, deadline);
+    if (a.ok) return std::move(a.result);
+    const std::string& state = a.failure.sqlstate;
+    const bool retry = !by_text && use_.named && !a.failure.connection_lost &&
+                       ((state == "26000" && !a.failed_in_parse) ||
+                        (state == "42P05" && a.failed_in_parse));
+    if (!retry) fail(a.failure);
+    // The steps before the failed one ran, so this server session has them; it probably
+    // lacks (26000) or has (42P05) the rest as it does the failed one, since the store's
+    // statements are prepared together.
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      parse[i] = i >= a.failed_step && state == "26000";
+    }
+  }
+  fail({"prepared statements kept disappearing between calls", "", false});
 }
 
 }  // namespace idem::postgres

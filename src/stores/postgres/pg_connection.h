@@ -11,11 +11,13 @@
 #include <libpq-fe.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -63,8 +65,8 @@ class Params {
   mutable std::vector<const char*> pointers_;
 };
 
-// A query's result. Binary-format accessors for prepared statements; text() for the few
-// simple queries (schema checks) that return text.
+// A query's result. Binary-format accessors for the store's statements; text() for the few
+// simple queries (settings and schema checks) that return text.
 class Result {
  public:
   Result() = default;
@@ -93,22 +95,69 @@ struct Failure {
   std::string reason;    // "connection refused: ...", "timed out after 5000 ms", ...
   std::string sqlstate;  // empty when the server sent none
   bool connection_lost = false;
+  // The call provably had no effect: its messages never left (the send failed), or the
+  // server ended an idle session before it read them. Safe to repeat on another connection.
+  bool not_executed = false;
 };
 
-// The StoreUnavailable a connection throws, with the SQLSTATE kept for the store's own
-// retry decisions (a deadlock or serialization failure was rolled back: safe to repeat).
+// The StoreUnavailable a connection throws, with what the store's retries need: the
+// SQLSTATE (a deadlock or serialization failure was rolled back: safe to repeat) and
+// whether the call is known to have had no effect.
 class PgError : public StoreUnavailable {
  public:
-  PgError(std::string store, std::string reason, std::string sqlstate)
-      : StoreUnavailable(std::move(store), std::move(reason)), sqlstate_(std::move(sqlstate)) {}
+  PgError(std::string store, std::string reason, std::string sqlstate, bool not_executed = false)
+      : StoreUnavailable(std::move(store), std::move(reason)),
+        sqlstate_(std::move(sqlstate)),
+        not_executed_(not_executed) {}
   const std::string& sqlstate() const noexcept { return sqlstate_; }
-  // 40001 serialization failure, 40P01 deadlock: the statement had no effect.
+  // 40001 serialization failure, 40P01 deadlock: the transaction was rolled back.
   bool rolled_back_conflict() const noexcept {
     return sqlstate_ == "40001" || sqlstate_ == "40P01";
   }
+  // The statement never reached the server, or the server ended the session before it ran
+  // (Failure::not_executed).
+  bool not_executed() const noexcept { return not_executed_; }
 
  private:
   std::string sqlstate_;
+  bool not_executed_;
+};
+
+// One of the store's statements. Its name is a hash of its table and its exact text (and
+// parameter types), so that a name means one statement on every server session: behind a
+// transaction pooler, where a name prepared by one client is seen by the next client of the
+// same server connection, two stores on different tables can never run each other's
+// statements, and a name that exists already is the same statement.
+struct Statement {
+  Statement(std::string_view table, std::string sql, std::vector<Oid> types = {});
+  std::string name;  // "idem_" and 16 hex digits
+  std::string sql;
+  std::vector<Oid> types;
+};
+
+// One statement of a pipeline and its parameters (null: none).
+struct Step {
+  const Statement* statement;
+  const Params* params = nullptr;
+};
+
+// Whether a pooler answers the connection in the server's place (docs/stores/postgres.md,
+// "Deploying"): known once the store has compared libpq's backend pid with the server's.
+enum class Pooler { kUnknown, kNone, kPresent };
+
+// How a connection sends the store's statements.
+struct SessionUse {
+  // true: the server session is this connection's for its life (a direct connection or a
+  // session pooler), so a statement it prepared stays prepared. false: consecutive
+  // transactions may run on different server sessions (a transaction pooler), so no
+  // prepared statement is taken for granted; one found missing (26000) is prepared again.
+  bool own_session = true;
+  // true: named statements (prepared once per server session); false: every statement is
+  // sent with its text (parsed and planned by the server on every call).
+  bool named = true;
+  Pooler pooler = Pooler::kUnknown;
+  // The store's pool_size, for the message of a connection that never got a reply.
+  std::size_t pool_size = 0;
 };
 
 // One server connection. Not thread-safe: the pool lends it to one thread at a time.
@@ -118,10 +167,14 @@ class Connection {
   // and values; `timeout` only names the bound in messages. Throws StoreUnavailable naming
   // `store` and the cause.
   Connection(const std::vector<std::pair<std::string, std::string>>& params, std::string store,
-             Duration timeout, Deadline deadline);
+             Duration timeout, SessionUse use, Deadline deadline);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
+
+  // How the store sends statements on it, once it knows what answers (the first
+  // connection is made before it does).
+  void set_use(SessionUse use) { use_ = use; }
 
   // False once the connection is known to be unusable; the pool then drops it.
   bool usable() const;
@@ -129,28 +182,39 @@ class Connection {
   // unasked (a restart or an administrator's termination). Costs one poll(), no round trip.
   bool alive_when_idle();
 
-  // Prepares `sql` as statement `name`.
-  void prepare(const std::string& name, const std::string& sql, const std::vector<Oid>& types,
-               Deadline deadline);
-  // Runs a prepared statement with binary parameters and results.
-  Result run(const std::string& name, const Params& params, Deadline deadline);
-  // Runs one or more statements as text (schema checks and creation).
+  // Runs `steps` as one pipeline, in one round trip, and returns the result of step
+  // `result_of`. Parameters and results are binary. A named statement is bound by its name
+  // (and parsed first, in the same round trip, where this session is not known to have it);
+  // when a server session lacks it (26000) or has it already (42P05), the pipeline, which
+  // then did nothing, is sent again. A transaction the failure left open is rolled back.
+  Result run(const std::vector<Step>& steps, std::size_t result_of, Deadline deadline);
+  // Runs one or more statements as text (settings, schema checks and creation).
   Result exec(const std::string& sql, Deadline deadline);
-  // exec with binary parameters and text results (schema checks).
-  Result exec_params(const std::string& sql, const Params& params, Deadline deadline);
 
+  // The backend pid libpq was told at startup (a pooler makes one up).
+  int startup_pid() const { return PQbackendPID(conn_.get()); }
+  // PQserverVersion: 150004 for 15.4; 0 when unknown.
+  int server_version() const { return PQserverVersion(conn_.get()); }
   const std::string& store() const { return store_; }
   // Throws StoreUnavailable naming the store, and marks the connection unusable when the
   // failure left it in an unknown state.
   [[noreturn]] void fail(const Failure& f);
 
-  PGconn* raw() const { return conn_.get(); }
-
  private:
   // Waits until the socket is readable (or writable) or the deadline passes.
   void wait_socket(bool for_write, Deadline deadline, const char* doing);
-  // Sends what libpq buffered, then collects the results of one query.
+  // The reason of a call that timed out: what the silence means on this connection.
+  std::string timeout_reason(const char* doing) const;
+  // Sends what libpq buffered; false when the send failed.
+  bool flush(Deadline deadline, const char* doing);
+  // Collects the results of one simple query (exec).
   Result finish(Deadline deadline, const char* doing);
+  // One attempt at a pipeline; `parse` says which steps are parsed first.
+  struct Attempt;
+  Attempt attempt(const std::vector<Step>& steps, const std::vector<bool>& parse,
+                  std::size_t result_of, bool named, Deadline deadline);
+  // After a failed pipeline: ends an aborted transaction so the connection can be reused.
+  void roll_back(Deadline deadline);
 
   struct Finish {
     void operator()(PGconn* c) const { PQfinish(c); }
@@ -158,7 +222,11 @@ class Connection {
   std::unique_ptr<PGconn, Finish> conn_;
   std::string store_;
   Duration timeout_;
+  SessionUse use_;
   bool broken_ = false;
+  bool answered_ = false;          // the server has answered something on this connection
+  bool cancel_on_close_ = false;   // a statement may still run on the server: cancel it
+  std::unordered_set<std::string> prepared_;  // names this session has (own_session only)
 };
 
 // The cause of a failed connection attempt, from libpq's message: "connection refused",

@@ -27,11 +27,16 @@ std::size_t Pool::open_connections() const {
   return open_;
 }
 
-Pool::Lease Pool::borrow(Deadline deadline) {
+Pool::Lease Pool::borrow(Deadline deadline, bool fresh) {
   std::vector<std::unique_ptr<Connection>> dead;  // closed outside the lock
   std::unique_lock lock(mu_);
   for (;;) {
-    while (!idle_.empty()) {
+    if (fresh && open_ >= size_ && !idle_.empty()) {
+      dead.push_back(std::move(idle_.front()));  // the one idle the longest
+      idle_.erase(idle_.begin());
+      --open_;
+    }
+    while (!fresh && !idle_.empty()) {
       std::unique_ptr<Connection> c = std::move(idle_.back());
       idle_.pop_back();
       if (c->alive_when_idle()) {
@@ -56,8 +61,8 @@ Pool::Lease Pool::borrow(Deadline deadline) {
         throw;
       }
     }
-    if (freed_.wait_until(lock, deadline) == std::cv_status::timeout && idle_.empty() &&
-        open_ >= size_) {
+    if (freed_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        (fresh || idle_.empty()) && open_ >= size_) {
       throw StoreUnavailable(store_, "timed out after " + std::to_string(timeout_.count()) +
                                          " ms waiting for a free connection (all " +
                                          std::to_string(size_) + " of the pool are in use)");

@@ -46,9 +46,11 @@ class Pool {
   };
 
   // A healthy connection: an idle one, a new one while fewer than `size` are open, or the
-  // next one returned. Throws StoreUnavailable when none is free by `deadline` or a new
-  // one cannot be opened.
-  Lease borrow(Deadline deadline);
+  // next one returned. `fresh`: a new connection, closing an idle one to make room if
+  // needed (for a call repeated after its connection was found dead: the idle ones may have
+  // been closed by the same server timeout). Throws StoreUnavailable when none is free by
+  // `deadline` or a new one cannot be opened.
+  Lease borrow(Deadline deadline, bool fresh = false);
   // Adds a connection opened elsewhere (the store's first one) as idle.
   void adopt(std::unique_ptr<Connection> c);
 

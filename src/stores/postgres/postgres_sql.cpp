@@ -2,6 +2,7 @@
 
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace idem::postgres {
 namespace {
@@ -212,6 +213,40 @@ CREATE TABLE {t} (
 CREATE INDEX {index} ON {t} (purge_after);
 )sql") + "COMMENT ON TABLE " + names.table() + " IS '" + kSchemaCommentPrefix +
                   std::to_string(kSchemaVersion) + "';";
+}
+
+namespace {
+
+// (name, value) of the settings both forms share.
+std::vector<std::pair<std::string, std::string>> settings(Duration timeout,
+                                                          bool asynchronous_commit) {
+  std::vector<std::pair<std::string, std::string>> out = {
+      {"statement_timeout", std::to_string(timeout.count())},
+      {"lock_timeout", "0"},
+      {"enable_seqscan", "off"},
+  };
+  if (asynchronous_commit) out.emplace_back("synchronous_commit", "off");
+  return out;
+}
+
+}  // namespace
+
+std::string session_settings(Duration timeout, bool asynchronous_commit, bool read_only) {
+  auto all = settings(timeout, asynchronous_commit);
+  all.emplace_back("default_transaction_isolation", "read committed");
+  if (read_only) all.emplace_back("default_transaction_read_only", "on");
+  std::string out;
+  for (const auto& [name, value] : all) out += "SET " + name + " = '" + value + "'; ";
+  return out;
+}
+
+std::string transaction_settings(Duration timeout, bool asynchronous_commit) {
+  std::string out;
+  for (const auto& [name, value] : settings(timeout, asynchronous_commit)) {
+    out += (out.empty() ? "SELECT " : ", ") + std::string("set_config('") + name + "', '" + value +
+           "', true)";
+  }
+  return out;
 }
 
 }  // namespace idem::postgres

@@ -12,6 +12,8 @@
 
 #include <string>
 
+#include "idem/types.h"
+
 namespace idem::postgres {
 
 // The version written in the table's comment: "idem records, schema version N".
@@ -106,5 +108,20 @@ struct Sql {
   // purge index and the version comment. Run inside the migration's transaction.
   std::string create_schema;
 };
+
+// The settings the store's statements run under, never sent in the startup packet (poolers
+// refuse startup parameters they do not know). statement_timeout = the store's timeout and
+// lock_timeout = 0: the store's timeout is the one bound of a call. enable_seqscan = off:
+// every statement is built for an index, and a prepared plan made while the table was nearly
+// empty would otherwise keep a sequential scan as the table grows (STORE-FACTS).
+// synchronous_commit = off only with the store's option of that name.
+//
+// For a connection whose server session is its own: SET statements, run once when it
+// connects, and READ COMMITTED as the session's default isolation (read_only: every
+// transaction read-only).
+std::string session_settings(Duration timeout, bool asynchronous_commit, bool read_only);
+// For a connection through a transaction pooler: one SELECT of set_config(..., true) calls,
+// sent before each statement in the same transaction, so the settings end with it.
+std::string transaction_settings(Duration timeout, bool asynchronous_commit);
 
 }  // namespace idem::postgres

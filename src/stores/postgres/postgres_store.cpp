@@ -4,9 +4,12 @@
 #include <atomic>
 #include <charconv>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "stores/postgres/pg_batcher.h"
 #include "stores/postgres/pg_connection.h"
 #include "stores/postgres/pg_pool.h"
+#include "stores/postgres/pg_server.h"
 #include "stores/postgres/postgres_sql.h"
 
 namespace idem {
@@ -28,23 +32,12 @@ using postgres::Deadline;
 using postgres::Params;
 using postgres::PgError;
 using postgres::Pool;
+using postgres::Pooler;
 using postgres::Result;
+using postgres::SessionUse;
+using postgres::Statement;
 using postgres::SteadyClock;
 using postgres::TableNames;
-
-// Names of the prepared statements (one set per connection).
-constexpr const char* kSelectRecord = "idem_select_record";
-constexpr const char* kAcquire = "idem_acquire";
-constexpr const char* kComplete = "idem_complete";
-constexpr const char* kCompletedBy = "idem_completed_by";
-constexpr const char* kRelease = "idem_release";
-constexpr const char* kExtend = "idem_extend";
-constexpr const char* kExtendMany = "idem_extend_many";
-constexpr const char* kPurge = "idem_purge";
-constexpr const char* kForget = "idem_forget";
-constexpr const char* kSelectMany = "idem_select_many";
-constexpr const char* kAcquireMany = "idem_acquire_many";
-constexpr const char* kCompleteMany = "idem_complete_many";
 
 // Requests per batched statement, and the largest payload a batched complete carries (a
 // larger one runs alone, so a batch's arrays stay small).
@@ -62,6 +55,9 @@ constexpr std::size_t kPurgeBatch = 1000;
 constexpr int kMaxAcquireRounds = 64;
 // A deadlock or serialization failure was rolled back and is retried this many times.
 constexpr int kMaxConflictRetries = 3;
+// The advisory lock the store takes when it opens, to see that the server's advisory locks
+// are real (they show in pg_locks); 0x6964656d is "idem".
+constexpr std::int64_t kProbeLock = 0x6964656d;
 // The adaptive acquire's score: +3 for a key found absent (reading first wasted a round
 // trip), -1 for one found live (writing first cost a heavier statement), kept in bounds so
 // the store follows a change of workload within a few dozen calls.
@@ -270,12 +266,47 @@ std::string describe_of(const std::vector<std::pair<std::string, std::string>>& 
 
 }  // namespace
 
+// The store's statements, each named by a hash of its text, and the ones that carry its
+// settings into a transaction when no server session is its own.
+struct Statements {
+  Statements(const postgres::Sql& sql, const std::string& table, const PostgresStoreOptions& o)
+      : select_record(table, sql.select_record, {kBytea, kBytea}),
+        acquire(table, sql.acquire, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}),
+        complete(table, sql.complete, {kBytea, kBytea, kInt8, kBytea, kInt8}),
+        completed_by(table, sql.completed_by, {kBytea, kBytea, kInt8}),
+        release(table, sql.release, {kBytea, kBytea, kInt8}),
+        extend(table, sql.extend, {kBytea, kBytea, kInt8, kInt8}),
+        extend_many(table, sql.extend_many, {kByteas, kByteas, kInt8s, kInt8s}),
+        purge(table, sql.purge, {kInt8}),
+        forget(table, sql.forget, {kBytea, kBytea}),
+        select_many(table, sql.select_many, {kByteas, kByteas}),
+        acquire_many(table, sql.acquire_many, {kByteas, kByteas, kInt8s, kInt8s, kByteas, kInt8s}),
+        complete_many(table, sql.complete_many, {kByteas, kByteas, kInt8s, kByteas, kInt8s}),
+        begin(table, std::string("BEGIN ISOLATION LEVEL READ COMMITTED") +
+                         (o.read_only ? " READ ONLY" : "")),
+        commit(table, "COMMIT"),
+        settings(table, postgres::transaction_settings(o.timeout, o.asynchronous_commit)) {}
+
+  static constexpr Oid kBytea = postgres::kByteaOid;
+  static constexpr Oid kInt8 = postgres::kInt8Oid;
+  static constexpr Oid kByteas = postgres::kByteaArrayOid;
+  static constexpr Oid kInt8s = postgres::kInt8ArrayOid;
+  Statement select_record, acquire, complete, completed_by, release, extend, extend_many, purge,
+      forget, select_many, acquire_many, complete_many;
+  Statement begin, commit, settings;
+};
+
+// Whether a statement only reads (one snapshot, nothing to commit) or may write.
+enum class Access { kRead, kWrite };
+
 struct PostgresStore::Impl {
   PostgresStoreOptions options;
   std::vector<std::pair<std::string, std::string>> conn_params;
   std::string describe;
   TableNames names;
-  std::unique_ptr<postgres::Sql> sql;
+  std::unique_ptr<Statements> st;
+  SessionUse use;
+  std::string session_setup;  // run once on each connection whose session is its own
   Fnv1a table_hash;  // the start of every advisory lock id of this table
   std::unique_ptr<Pool> pool;
   std::atomic<int> absent_score{0};
@@ -296,50 +327,107 @@ struct PostgresStore::Impl {
     if (param_value(conn_params, "fallback_application_name").empty()) {
       set_param(conn_params, "fallback_application_name", "idem");
     }
-    // Session settings travel in the startup packet: no round trip. statement_timeout bounds
-    // each statement on the server too; enable_seqscan=off keeps every statement on its
-    // index even when a plan was made while the table was nearly empty (a prepared plan is
-    // kept while the table grows).
-    std::string session = param_value(conn_params, "options");
-    session += " -c statement_timeout=" + std::to_string(options.timeout.count()) +
-               " -c enable_seqscan=off";
-    if (options.asynchronous_commit) session += " -c synchronous_commit=off";
-    if (options.read_only) session += " -c default_transaction_read_only=on";
-    set_param(conn_params, "options", session);
+    // Nothing travels in the startup packet but what libpq always sends: poolers refuse
+    // what they do not know (PgBouncer: "unsupported startup parameter: options"). The
+    // settings go with the session or with each call instead (docs/stores/postgres.md,
+    // "Deploying").
+    use.named = options.statements == PostgresStatements::kPrepared;
+    use.pool_size = options.pool_size;
+    session_setup = postgres::session_settings(options.timeout, options.asynchronous_commit,
+                                               options.read_only);
 
     const Deadline deadline = SteadyClock::now() + options.timeout;
-    auto first = std::make_unique<Connection>(conn_params, describe, options.timeout, deadline);
+    auto first = std::make_unique<Connection>(conn_params, describe, options.timeout, use, deadline);
+    inspect_server(*first, deadline);
+    first->set_use(use);
+    if (use.own_session) first->exec(session_setup, deadline);
     prepare_table(*first, deadline);
-    sql = std::make_unique<postgres::Sql>(names);
+    st = std::make_unique<Statements>(postgres::Sql(names), names.display(), options);
     table_hash.add(names.display()).add(std::string_view("\0", 1));
-    prepare_statements(*first, deadline);
     pool = std::make_unique<Pool>(
         options.pool_size,
         [this](Deadline d) {
-          auto c = std::make_unique<Connection>(conn_params, describe, options.timeout, d);
-          prepare_statements(*c, d);
+          auto c = std::make_unique<Connection>(conn_params, describe, options.timeout, use, d);
+          if (use.own_session) c->exec(session_setup, d);
           return c;
         },
         describe, options.timeout);
     pool->adopt(std::move(first));
   }
 
-  // Resolves the schema, then checks the table (creating or migrating it when allowed).
-  void prepare_table(Connection& c, Deadline deadline) {
+  // What answers: PostgreSQL 12 or later (not a look-alike), a primary (or a standby for a
+  // read-only store), directly or through a pooler. Sets `use` and the current schema.
+  void inspect_server(Connection& c, Deadline deadline) {
+    // version() alone first: a look-alike may not know what the next statement asks.
+    const std::string version = c.exec("SELECT version()", deadline).text(0, 0);
+    const std::string refuse_hint =
+        "; refusing to use it (server=any in the URL, or check_server = false, if you know it "
+        "behaves as PostgreSQL does)";
+    if (options.check_server) {
+      if (std::optional<std::string> why = postgres::refused_server(version, c.server_version())) {
+        c.fail({*why + refuse_hint, "", false});
+      }
+    }
+    // The advisory lock is taken before pg_locks is read (the subquery runs for l's row).
+    const std::string probe = std::to_string(kProbeLock);
+    Result r = c.exec(
+        options.check_server
+            ? "WITH l AS MATERIALIZED (SELECT pg_backend_pid() AS pid, pg_advisory_xact_lock(" +
+                  probe +
+                  ")::text AS locked) "
+                  "SELECT l.pid, pg_is_in_recovery(), current_schema(), (SELECT count(*) FROM "
+                  "pg_locks WHERE locktype = 'advisory' AND pid = l.pid AND granted AND classid = "
+                  "0 AND objid = " +
+                  probe + " AND objsubid = 1) FROM l"
+            : "SELECT pg_backend_pid(), pg_is_in_recovery(), current_schema(), 1",
+        deadline);
+    if (r.text(0, 3) == "0") {
+      c.fail({"the server's advisory locks do not lock (one taken does not show in pg_locks), "
+              "and the store's order of tokens per key rests on them (" +
+                  version + ")" + refuse_hint,
+              "", false});
+    }
+    if (r.text(0, 1) == "t") {
+      if (!options.read_only) {
+        c.fail({"the server is a hot standby (pg_is_in_recovery() is true), which only serves "
+                "reads: point the URL at the primary (with several hosts, add "
+                "target_session_attrs=read-write), or open the store read-only to read records "
+                "that may lag the primary's",
+                "", false});
+      }
+      describe += " (read-only hot standby: its records may lag the primary's)";
+    }
+    const bool pooled = std::to_string(c.startup_pid()) != r.text(0, 0);
+    use.pooler = pooled ? Pooler::kPresent : Pooler::kNone;
+    switch (options.pooler) {
+      case PostgresPooler::kAuto:
+        use.own_session = !pooled;
+        break;
+      case PostgresPooler::kNone:
+      case PostgresPooler::kSession:
+        use.own_session = true;
+        break;
+      case PostgresPooler::kTransaction:
+        use.own_session = false;
+        break;
+    }
     if (names.schema.empty()) {
-      Result r = c.exec("SELECT current_schema()", deadline);
-      if (r.rows() == 0 || r.is_null(0, 0)) {
+      if (r.is_null(0, 2)) {
         c.fail({"no current schema (the search_path names none that exists); give the "
                 "table as schema.name",
                 "", false});
       }
-      names.schema = r.text(0, 0);
+      names.schema = r.text(0, 2);
       if (!valid_identifier(names.schema)) {
         c.fail({"the current schema '" + names.schema +
                     "' is not a plain lowercase name; give the table as schema.name",
                 "", false});
       }
     }
+  }
+
+  // Checks the table (creating or migrating it when allowed).
+  void prepare_table(Connection& c, Deadline deadline) {
     const int version = table_version(c, deadline);
     if (version == postgres::kSchemaVersion) return;
     if (version == 0) {
@@ -393,54 +481,47 @@ struct PostgresStore::Impl {
     const std::int64_t lock =
         Fnv1a().add("idem schema").add(std::string_view("\0", 1)).add(names.display()).value();
     // On any failure the caller drops this connection, which ends the transaction.
-    c.exec("BEGIN; SELECT pg_advisory_xact_lock(" + std::to_string(lock) + ")", deadline);
+    c.exec("BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock(" +
+               std::to_string(lock) + ")",
+           deadline);
     const int version = table_version(c, deadline);
     if (version == 0) c.exec(postgres::Sql(names).create_schema, deadline);
     c.exec("COMMIT", deadline);
   }
 
-  void prepare_statements(Connection& c, Deadline deadline) {
-    using postgres::kByteaArrayOid;
-    using postgres::kByteaOid;
-    using postgres::kInt8ArrayOid;
-    using postgres::kInt8Oid;
-    c.prepare(kSelectRecord, sql->select_record, {kByteaOid, kByteaOid}, deadline);
-    c.prepare(kAcquire, sql->acquire,
-              {kByteaOid, kByteaOid, kInt8Oid, kInt8Oid, kByteaOid, kInt8Oid}, deadline);
-    c.prepare(kComplete, sql->complete, {kByteaOid, kByteaOid, kInt8Oid, kByteaOid, kInt8Oid},
-              deadline);
-    c.prepare(kCompletedBy, sql->completed_by, {kByteaOid, kByteaOid, kInt8Oid}, deadline);
-    c.prepare(kRelease, sql->release, {kByteaOid, kByteaOid, kInt8Oid}, deadline);
-    c.prepare(kExtend, sql->extend, {kByteaOid, kByteaOid, kInt8Oid, kInt8Oid}, deadline);
-    c.prepare(kExtendMany, sql->extend_many,
-              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kInt8ArrayOid}, deadline);
-    c.prepare(kPurge, sql->purge, {kInt8Oid}, deadline);
-    c.prepare(kForget, sql->forget, {kByteaOid, kByteaOid}, deadline);
-    c.prepare(kSelectMany, sql->select_many, {kByteaArrayOid, kByteaArrayOid}, deadline);
-    c.prepare(kAcquireMany, sql->acquire_many,
-              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kInt8ArrayOid, kByteaArrayOid,
-               kInt8ArrayOid},
-              deadline);
-    c.prepare(kCompleteMany, sql->complete_many,
-              {kByteaArrayOid, kByteaArrayOid, kInt8ArrayOid, kByteaArrayOid, kInt8ArrayOid},
-              deadline);
+  // Runs one of the store's statements on `c` in one round trip. With a session of its own
+  // the connection runs it alone (its settings were made when it connected); otherwise the
+  // settings go with it, and a statement that may write runs in its own READ COMMITTED
+  // transaction, whatever default_transaction_isolation says (a lone read sees one snapshot
+  // at every isolation level).
+  Result run(Connection& c, const Statement& s, const Params& p, Access access, Deadline d) {
+    if (use.own_session) return c.run({{&s, &p}}, 0, d);
+    if (access == Access::kRead) return c.run({{&st->settings}, {&s, &p}}, 1, d);
+    return c.run({{&st->begin}, {&st->settings}, {&s, &p}, {&st->commit}}, 2, d);
   }
 
   // Runs `body(connection, deadline)` on a pooled connection within `deadline` (by default
-  // the call's timeout from now), repeating it when the server rolled it back for a
-  // deadlock or serialization failure.
+  // the call's timeout from now). Repeats it when it is known to have had no effect: once
+  // on a new connection when its connection turned out dead (the send failed, or the
+  // server had ended the idle session), and up to kMaxConflictRetries times when the server
+  // rolled it back for a deadlock or serialization failure.
   template <typename F>
   auto with_connection(F&& body) {
     return with_connection(SteadyClock::now() + options.timeout, std::forward<F>(body));
   }
   template <typename F>
   auto with_connection(Deadline deadline, F&& body) {
-    for (int attempt = 0;; ++attempt) {
-      Pool::Lease c = pool->borrow(deadline);
+    bool fresh = false;
+    for (int conflicts = 0;;) {
+      Pool::Lease c = pool->borrow(deadline, fresh);
       try {
         return body(*c, deadline);
       } catch (const PgError& e) {
-        if (!e.rolled_back_conflict() || attempt >= kMaxConflictRetries) throw;
+        if (e.not_executed() && !fresh) {
+          fresh = true;
+        } else if (!e.rolled_back_conflict() || conflicts++ >= kMaxConflictRetries) {
+          throw;
+        }
       }
     }
   }
@@ -466,14 +547,15 @@ struct PostgresStore::Impl {
       int position = -1;
       if (batch.size() == 1) {
         const ReadRequest& q = *batch[0]->request;
-        r = c.run(kSelectRecord, Params().bytes(q.scope).bytes(q.key), d);
+        r = run(c, st->select_record, Params().bytes(q.scope).bytes(q.key), Access::kRead, d);
       } else {
         std::vector<std::string_view> scopes, keys;
         for (auto* e : batch) {
           scopes.push_back(e->request->scope);
           keys.push_back(e->request->key);
         }
-        r = c.run(kSelectMany, Params().bytea_array(scopes).bytea_array(keys), d);
+        r = run(c, st->select_many, Params().bytea_array(scopes).bytea_array(keys), Access::kRead,
+                d);
         position = postgres::kColSelectPosition;
       }
       answer(r, position, batch, /*with_outcome=*/false);
@@ -494,7 +576,7 @@ struct PostgresStore::Impl {
         } else {
           p.null();
         }
-        r = c.run(kAcquire, p.int8(q.lock), d);
+        r = run(c, st->acquire, p.int8(q.lock), Access::kWrite, d);
       } else {
         std::vector<std::string_view> scopes, keys;
         std::vector<std::optional<std::string_view>> fingerprints;
@@ -508,15 +590,15 @@ struct PostgresStore::Impl {
           fingerprints.push_back(q.fingerprint);
           locks.push_back(q.lock);
         }
-        r = c.run(kAcquireMany,
-                  Params()
-                      .bytea_array(scopes)
-                      .bytea_array(keys)
-                      .int8_array(leases)
-                      .int8_array(ttls)
-                      .bytea_array(fingerprints)
-                      .int8_array(locks),
-                  d);
+        r = run(c, st->acquire_many,
+                Params()
+                    .bytea_array(scopes)
+                    .bytea_array(keys)
+                    .int8_array(leases)
+                    .int8_array(ttls)
+                    .bytea_array(fingerprints)
+                    .int8_array(locks),
+                Access::kWrite, d);
         position = postgres::kColAcquirePosition;
       }
       answer(r, position, batch, /*with_outcome=*/true);
@@ -541,14 +623,14 @@ struct PostgresStore::Impl {
         payloads.push_back(q.payload);
         ttls.push_back(q.ttl.count());
       }
-      Result r = c.run(kCompleteMany,
-                       Params()
-                           .bytea_array(scopes)
-                           .bytea_array(keys)
-                           .int8_array(tokens)
-                           .bytea_array(payloads)
-                           .int8_array(ttls),
-                       d);
+      Result r = run(c, st->complete_many,
+                     Params()
+                         .bytea_array(scopes)
+                         .bytea_array(keys)
+                         .int8_array(tokens)
+                         .bytea_array(payloads)
+                         .int8_array(ttls),
+                     Access::kWrite, d);
       for (int row = 0; row < r.rows(); ++row) {
         const auto at = static_cast<std::size_t>(r.int8(row, 0) - 1);
         if (at < batch.size()) batch[at]->response = true;
@@ -557,14 +639,14 @@ struct PostgresStore::Impl {
   }
 
   bool complete_one(Connection& c, const CompleteRequest& q, Deadline d) {
-    Result r = c.run(kComplete,
-                     Params()
-                         .bytes(q.scope)
-                         .bytes(q.key)
-                         .int8(static_cast<std::int64_t>(q.token))
-                         .bytes(q.payload)
-                         .int8(q.ttl.count()),
-                     d);
+    Result r = run(c, st->complete,
+                   Params()
+                       .bytes(q.scope)
+                       .bytes(q.key)
+                       .int8(static_cast<std::int64_t>(q.token))
+                       .bytes(q.payload)
+                       .int8(q.ttl.count()),
+                   Access::kWrite, d);
     return r.affected() > 0;
   }
 
@@ -658,31 +740,34 @@ WriteResult PostgresStore::do_complete(std::string_view scope, std::string_view 
   // SPEC §4: a complete repeated with the token that completed the record succeeds and
   // changes nothing (a caller whose reply was lost retries).
   return s.with_connection(deadline, [&](Connection& c, Deadline d) {
-    Result r = c.run(kCompletedBy,
-                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)), d);
+    Result r = s.run(c, s.st->completed_by,
+                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)),
+                     Access::kRead, d);
     return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
   });
 }
 
 WriteResult PostgresStore::do_release(std::string_view scope, std::string_view key, Token token) {
-  return impl_->with_connection([&](Connection& c, Deadline deadline) {
-    Result r = c.run(kRelease,
+  Impl& s = *impl_;
+  return s.with_connection([&](Connection& c, Deadline deadline) {
+    Result r = s.run(c, s.st->release,
                      Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)),
-                     deadline);
+                     Access::kWrite, deadline);
     return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
   });
 }
 
 ExtendResult PostgresStore::do_extend(std::string_view scope, std::string_view key, Token token,
                                       Duration lease) {
-  return impl_->with_connection([&](Connection& c, Deadline deadline) {
-    Result r = c.run(kExtend,
+  Impl& s = *impl_;
+  return s.with_connection([&](Connection& c, Deadline deadline) {
+    Result r = s.run(c, s.st->extend,
                      Params()
                          .bytes(scope)
                          .bytes(key)
                          .int8(static_cast<std::int64_t>(token))
                          .int8(lease.count()),
-                     deadline);
+                     Access::kWrite, deadline);
     if (r.rows() == 0) return ExtendResult{};
     const Timestamp deadline_at = r.time(0, 0);
     return ExtendResult{WriteResult::kDone, deadline_at, deadline_at - r.time(0, 1)};
@@ -715,8 +800,9 @@ std::vector<ExtendResult> PostgresStore::do_extend_many(std::span<const ExtendRe
   }
   Params p;
   p.bytea_array(scopes).bytea_array(keys).int8_array(tokens).int8_array(leases);
-  return impl_->with_connection([&](Connection& c, Deadline deadline) {
-    Result r = c.run(kExtendMany, p, deadline);
+  Impl& s = *impl_;
+  return s.with_connection([&](Connection& c, Deadline deadline) {
+    Result r = s.run(c, s.st->extend_many, p, Access::kWrite, deadline);
     std::vector<ExtendResult> results(requests.size());
     for (int row = 0; row < r.rows(); ++row) {
       const std::int64_t position = r.int8(row, 0);  // 1-based, in the sorted arrays
@@ -736,7 +822,8 @@ std::size_t PostgresStore::do_purge(std::size_t limit) {
     // never holds locks for long and never runs into one call's bound.
     const std::size_t batch = std::min(limit - deleted, kPurgeBatch);
     const std::size_t n = impl_->with_connection([&](Connection& c, Deadline deadline) {
-      Result r = c.run(kPurge, Params().int8(static_cast<std::int64_t>(batch)), deadline);
+      Result r = impl_->run(c, impl_->st->purge, Params().int8(static_cast<std::int64_t>(batch)),
+                            Access::kWrite, deadline);
       return static_cast<std::size_t>(r.rows());
     });
     deleted += n;
@@ -769,8 +856,10 @@ std::optional<Record> PostgresStore::do_get(std::string_view scope, std::string_
 }
 
 bool PostgresStore::do_forget(std::string_view scope, std::string_view key) {
-  return impl_->with_connection([&](Connection& c, Deadline deadline) {
-    return c.run(kForget, Params().bytes(scope).bytes(key), deadline).affected() > 0;
+  Impl& s = *impl_;
+  return s.with_connection([&](Connection& c, Deadline deadline) {
+    return s.run(c, s.st->forget, Params().bytes(scope).bytes(key), Access::kWrite, deadline)
+               .affected() > 0;
   });
 }
 
@@ -799,6 +888,22 @@ std::size_t parse_count(const std::string& name, const std::string& value) {
   return n;
 }
 
+// The value of an enumerated URL parameter: the one of `choices` (word, value) whose word
+// it is, or InvalidArgument listing the words.
+template <typename T>
+T parse_choice(const std::string& name, const std::string& value,
+               std::initializer_list<std::pair<std::string_view, T>> choices) {
+  std::string words;
+  std::size_t i = 0;
+  for (const auto& [word, result] : choices) {
+    if (value == word) return result;
+    words += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + ("'" + std::string(word) + "'");
+    ++i;
+  }
+  throw InvalidArgument("store URL",
+                        "parameter '" + name + "' must be " + words + ", got '" + value + "'");
+}
+
 }  // namespace
 
 std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& options) {
@@ -825,25 +930,24 @@ std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& op
     } else if (name == "timeout") {
       o.timeout = Duration{static_cast<Duration::rep>(parse_count(name, value))};
     } else if (name == "synchronous_commit") {
-      if (value != "off" && value != "default") {
-        throw InvalidArgument("store URL",
-                              "parameter 'synchronous_commit' must be 'default' or 'off', got '" +
-                                  value + "'");
-      }
-      o.asynchronous_commit = value == "off";
+      o.asynchronous_commit = parse_choice<bool>(name, value, {{"default", false}, {"off", true}});
     } else if (name == "acquire") {
-      if (value == "adaptive") {
-        o.acquire = PostgresAcquire::kAdaptive;
-      } else if (value == "read-first") {
-        o.acquire = PostgresAcquire::kReadFirst;
-      } else if (value == "write-first") {
-        o.acquire = PostgresAcquire::kWriteFirst;
-      } else {
-        throw InvalidArgument("store URL",
-                              "parameter 'acquire' must be 'adaptive', 'read-first' or "
-                              "'write-first', got '" +
-                                  value + "'");
-      }
+      o.acquire = parse_choice<PostgresAcquire>(name, value,
+                                                {{"adaptive", PostgresAcquire::kAdaptive},
+                                                 {"read-first", PostgresAcquire::kReadFirst},
+                                                 {"write-first", PostgresAcquire::kWriteFirst}});
+    } else if (name == "pooler") {
+      o.pooler = parse_choice<PostgresPooler>(name, value,
+                                              {{"auto", PostgresPooler::kAuto},
+                                               {"none", PostgresPooler::kNone},
+                                               {"session", PostgresPooler::kSession},
+                                               {"transaction", PostgresPooler::kTransaction}});
+    } else if (name == "statements") {
+      o.statements = parse_choice<PostgresStatements>(
+          name, value,
+          {{"prepared", PostgresStatements::kPrepared}, {"unnamed", PostgresStatements::kUnnamed}});
+    } else if (name == "server") {
+      o.check_server = parse_choice<bool>(name, value, {{"postgresql", true}, {"any", false}});
     } else {
       add(name, value);  // libpq's own: sslmode, connect_timeout, application_name, ...
     }

@@ -1,8 +1,9 @@
 // PostgreSQL store tests that stop, restart or reconfigure their server, on a private server
 // of their own (private_server.sh), never the shared one: a restart in the middle of a
-// workload, durability per statement, authentication failures, and replays that write no
-// WAL and take no transaction id. All tests of this executable share one private server and
-// run in one process (one ctest test).
+// workload, durability per statement, authentication failures, replays that write no WAL
+// and take no transaction id, and a hot standby (a second private server, made one). All
+// tests of this executable share one private server and run in one process (one ctest
+// test).
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -276,6 +277,44 @@ TEST(PostgresPrivateServer, ReplaysWriteNoWalAndTakeNoTransactionId) {
     EXPECT_LT(std::stoll(raw.value("SELECT " + wal.substr(7) + " - '" + lsn_before + "'::pg_lsn")),
               1000);
   }
+}
+
+// Issue 17: a hot standby as the URL served replays from its (possibly stale) copy while
+// fresh keys failed with "cannot execute ... in a read-only transaction". A writable store
+// refuses it when it opens; a read-only one opens and says that its records may lag.
+TEST(PostgresStandby, AWritableStoreRefusesAHotStandbyAndAReadOnlyOneSaysItMayLag) {
+  char pattern[] = "/tmp/idem-pg-standby-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  struct Destroy {
+    std::string dir;
+    ~Destroy() { server_script("destroy", dir); }
+  } destroy{dir};
+  const std::string port = server_script("start", dir);
+  ASSERT_FALSE(port.empty());
+  const std::string url = "postgresql:///idem_test?host=" + dir + "&port=" + port +
+                          "&user=postgres&table=" + fresh_table("standby");
+  {
+    auto primary = open_store(url);
+    const Token t = std::get<Acquired>(primary->acquire("s", "k", 1h, 1h)).lease.token;
+    ASSERT_THAT(primary->complete("s", "k", t, "v", 1h), IsDone());
+  }
+  server_script("standby", dir);
+  RawPg raw(url.substr(0, url.find("&table=")));
+  ASSERT_EQ(raw.value("SELECT pg_is_in_recovery()"), "t");
+
+  try {
+    open_store(url);
+    ADD_FAILURE() << "a writable store opened on a hot standby";
+  } catch (const StoreUnavailable& e) {
+    EXPECT_THAT(e.reason(), AllOf(HasSubstr("hot standby"), HasSubstr("primary"),
+                                  HasSubstr("read-only")));
+  }
+  auto reader = open_store(url, OpenOptions{.read_only = true});
+  EXPECT_THAT(reader->describe(), HasSubstr("may lag"));
+  std::optional<Record> r = reader->get("s", "k");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->payload, "v");
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 // PostgreSQL store tests beyond the shared suite, on the test server: URLs and options, the
 // schema and its guards, errors that name the server and the cause, the pool, the acquire
 // strategies, token order under hammering, two tables, hostile input, batched extends and
-// bounded purges.
+// bounded purges; and server settings a deployment may have: a default isolation other than
+// read committed, and sessions the server ends while idle.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -128,6 +132,9 @@ TEST(PostgresStoreUrl, BadOptionsAreRejectedNamingThem) {
       {"timeout=soon", "timeout"},
       {"synchronous_commit=maybe", "synchronous_commit"},
       {"acquire=sideways", "acquire"},
+      {"pooler=maybe", "pooler"},
+      {"statements=cached", "statements"},
+      {"server=cockroachdb", "server"},
       {"table=Bad-Name", "table"},
       {"table=a.b.c", "table"},
       {"nosuchparameter=1", "nosuchparameter"},
@@ -662,6 +669,80 @@ TEST(PostgresStoreBatches, PurgeSkipsLockedRowsAndRechecksTheCondition) {
   EXPECT_FALSE(s->get("s", "k7").has_value());
   EXPECT_THAT(s->get("s", "live"), IsInProgressWith(live));
 }
+
+// --- server settings of a deployment ---
+
+// Issue 17: with the server's default_transaction_isolation at repeatable read or
+// serializable, concurrent writes failed with 40001 (66 and 1 092 StoreUnavailable in 12 s).
+// The store runs its transactions at read committed whatever the default (here on a
+// connection of its own; postgres_pgbouncer_test.cpp shows it behind a transaction pooler).
+class PostgresServerIsolation : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PostgresServerIsolation, ConcurrentWritesNeverFailWhateverTheDefaultIsolation) {
+  ScratchDatabase db("default_transaction_isolation", GetParam());
+  std::shared_ptr<Store> s = open_store(db.url(postgres_url()));
+  RawPg check(db.url(postgres_url()));
+  ASSERT_EQ(check.value("SHOW default_transaction_isolation"), GetParam());
+  EXPECT_THAT(contend(*s), ::testing::IsEmpty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Defaults, PostgresServerIsolation,
+                         ::testing::Values("repeatable read", "serializable"),
+                         [](const auto& info) {
+                           return info.param == "serializable" ? std::string("Serializable")
+                                                               : std::string("RepeatableRead");
+                         });
+
+// Issue 17: with idle_session_timeout, a call whose connection the server ended while idle
+// failed (6 of 60). The server stops the session in the window between the pool's check of
+// the idle connection and the call's statement: its process is stopped (SIGSTOP) past the
+// timeout, the call sends its statement, and when the process goes on it ends the session
+// before reading it (SQLSTATE 57P05). Nothing ran, so the call runs on a new connection.
+class PostgresIdleSession : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PostgresIdleSession, ACallOnASessionTheServerEndedWhileIdleRunsOnANewConnection) {
+  IDEM_SKIP_OR_FAIL_UNLESS(::geteuid() == 0, "stopping a server process needs root");
+  const std::string name = "idem-idle-" + std::to_string(::getpid()) + "-" + GetParam();
+  std::string table;
+  auto s = open_fresh("application_name=" + name +
+                          "&pool_size=1&options=-c%20idle_session_timeout%3D500" +
+                          (GetParam() == "auto" ? "" : "&pooler=" + GetParam()),
+                      &table);
+  ASSERT_FALSE(s->get("s", "warm").has_value());
+  RawPg raw(postgres_url());
+  const std::string pid =
+      raw.value("SELECT pid FROM pg_stat_activity WHERE application_name = '" + name + "'");
+  ASSERT_FALSE(pid.empty());
+  ASSERT_EQ(::kill(std::stoi(pid), SIGSTOP), 0);
+  // Past the idle timeout while the process cannot act on it; the pool's check then finds
+  // the idle connection quiet, and the call's statement waits in the socket.
+  std::this_thread::sleep_for(800ms);
+  std::thread resume([&] {
+    std::this_thread::sleep_for(300ms);
+    ::kill(std::stoi(pid), SIGCONT);
+  });
+  std::optional<AcquireResult> r;
+  try {
+    r = s->acquire("s", "k", 1h, 1h);
+  } catch (const StoreUnavailable& e) {
+    ADD_FAILURE() << e.what();
+  }
+  resume.join();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_THAT(*r, IsFreshlyAcquired());
+  // The stopped session ended; the call was written once, by a new one.
+  EXPECT_TRUE(eventually([&] {
+    return raw.value("SELECT count(*) FROM pg_stat_activity WHERE pid = " + pid) == "0";
+  }));
+  EXPECT_EQ(raw.value("SELECT count(*) FROM " + table), "1");
+}
+
+INSTANTIATE_TEST_SUITE_P(Poolers, PostgresIdleSession,
+                         ::testing::Values("auto", "transaction"),
+                         [](const auto& info) {
+                           return info.param == "auto" ? std::string("OwnSession")
+                                                       : std::string("Transaction");
+                         });
 
 }  // namespace
 }  // namespace idem::testing

@@ -9,6 +9,8 @@
 #                                  postgres user's password is in DIR/password
 #   private_server.sh stop DIR     pg_ctl stop -m immediate (a crash, as far as WAL goes)
 #   private_server.sh resume DIR   start again on the same port
+#   private_server.sh standby DIR  stop cleanly and start again as a hot standby (in
+#                                  recovery, read-only, with no primary to follow)
 #   private_server.sh destroy DIR  stop if running, then remove DIR
 set -euo pipefail
 source "$(dirname "$0")/../../../scripts/servers.sh"
@@ -37,12 +39,17 @@ case "$cmd" in
   resume)
     idem_postgres_run "$dir" "$(cat "$dir/port")" "${options[@]}"
     ;;
+  standby)
+    pg_ctl -m fast -w stop >/dev/null
+    runuser -u postgres -- touch "$dir/data/standby.signal"
+    idem_postgres_run "$dir" "$(cat "$dir/port")" "${options[@]}"
+    ;;
   destroy)
     pg_ctl -m immediate -w stop >/dev/null 2>&1 || true
     rm -rf "$dir"
     ;;
   *)
-    echo "usage: $0 start|stop|resume|destroy DIR" >&2
+    echo "usage: $0 start|stop|resume|standby|destroy DIR" >&2
     exit 2
     ;;
 esac
