@@ -5,6 +5,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -31,14 +32,16 @@ struct ProxyArgs {
   bool no_credential_scope = false;
   std::vector<std::string> credential_cookies;
   std::vector<std::string> fingerprint_headers;
-  std::string release_status = "5xx";
+  std::string release_status = "408,429,5xx";
+  bool release_uncertain = false;
+  std::string late_answer = "60s";
   std::string lease = "30s";
   std::string ttl = "24h";
   std::string wait = "0s";
   std::string max_request_body = "1MiB";
   std::string max_header = "16KiB";
-  std::string max_record = "1MiB";
-  std::string max_response_body = "64MiB";
+  std::string max_record = "4MiB";
+  std::string max_response_body = "none";
   std::string client_timeout = "30s";
   std::string idle_timeout = "60s";
   std::string upstream_timeout = "60s";
@@ -78,24 +81,29 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
   proxy::ProxyOptions o;
   option_value("--listen", [&] { proxy::parse_listen(a.listen, o); });
   option_value("--upstream", [&] { proxy::parse_upstream(a.upstream, o); });
-  o.methods = option_value("--methods", [&] { return proxy::parse_methods(a.methods); });
-  o.release_statuses =
+  proxy::Policy& p = o.policy;
+  p.methods = option_value("--methods", [&] { return proxy::parse_methods(a.methods); });
+  p.release_statuses =
       option_value("--release-status", [&] { return proxy::parse_statuses(a.release_status); });
-  o.require_key = a.require_key;
+  p.release_uncertain = a.release_uncertain;
+  p.require_key = a.require_key;
   if (a.scope.size() > kMaxScopeBytes) throw UsageError("--scope", "at most 255 bytes");
-  o.fixed_scope = a.scope;
+  p.fixed_scope = a.scope;
   o.scope_header = a.scope_header;
   o.credential_scope = !a.no_credential_scope;
   o.credential_cookies = a.credential_cookies;
   o.fingerprint_headers = a.fingerprint_headers;
   o.lease = duration_option("--lease", a.lease, false);
-  o.ttl = duration_option("--ttl", a.ttl, false);
+  p.ttl = duration_option("--ttl", a.ttl, false);
   o.wait = duration_option("--wait", a.wait, true);
+  o.late_answer = duration_option("--late-answer", a.late_answer, true);
   o.max_request_body = size_option("--max-request-body", a.max_request_body, kMaxPayloadBytes);
   o.max_request_header = size_option("--max-header", a.max_header, 1024 * 1024);
-  o.max_record = size_option("--max-record", a.max_record, kMaxPayloadBytes);
-  o.max_response_body = size_option("--max-response-body", a.max_response_body,
-                                    std::size_t{1} << 30);
+  p.max_record = size_option("--max-record", a.max_record, kMaxPayloadBytes);
+  o.max_response_body = a.max_response_body == "none"
+                            ? 0
+                            : size_option("--max-response-body", a.max_response_body,
+                                          std::numeric_limits<std::size_t>::max());
   o.client_timeout = duration_option("--client-timeout", a.client_timeout, false);
   o.idle_timeout = duration_option("--idle-timeout", a.idle_timeout, false);
   o.upstream_timeout = duration_option("--upstream-timeout", a.upstream_timeout, false);
@@ -159,9 +167,17 @@ Command add_proxy_command(CLI::App& parent) {
                   "A request header that joins the fingerprint (repeatable)")
       ->type_name("NAME");
   opt("--release-status", a->release_status,
-      "Upstream statuses that release the record instead of recording it (5xx, 429, 500-503, "
-      "none)")
+      "Upstream statuses that say the request did not run: they release the record instead "
+      "of recording it (5xx, 429, 500-503, none)")
       ->type_name("LIST");
+  app->add_flag("--release-uncertain", a->release_uncertain,
+                "Release the record after an outcome the proxy cannot know (an upstream "
+                "timeout, a connection broken mid-answer, a drain that ran out), so a retry "
+                "runs the request again: only for upstreams that are safe to run twice");
+  opt("--late-answer", a->late_answer,
+      "After an upstream timeout, how long to keep reading its answer in the background to "
+      "record it; the key stays held meanwhile (0: do not)")
+      ->type_name("DURATION");
   opt("--lease", a->lease, "How long a request holds its key without a heartbeat")
       ->type_name("DURATION");
   opt("--ttl", a->ttl, "How long a recorded answer is replayed")->type_name("DURATION");
@@ -172,9 +188,11 @@ Command add_proxy_command(CLI::App& parent) {
   opt("--max-header", a->max_header, "Largest request header block (431 above)")
       ->type_name("BYTES");
   opt("--max-record", a->max_record,
-      "Largest recorded answer (larger ones pass through once, unrecorded)")
+      "Largest answer recorded in full; a larger one is recorded as a marker and its "
+      "duplicates get 410 (never a second run)")
       ->type_name("BYTES");
-  opt("--max-response-body", a->max_response_body, "Largest upstream answer passed (502 above)")
+  opt("--max-response-body", a->max_response_body,
+      "Largest upstream answer passed at all (502 above; none: no limit)")
       ->type_name("BYTES");
   opt("--client-timeout", a->client_timeout, "Reading a request, writing an answer")
       ->type_name("DURATION");

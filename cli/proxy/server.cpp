@@ -3,14 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
@@ -21,25 +16,24 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 #include <csignal>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
-#include <unordered_map>
-#include <variant>
 #include <vector>
 
+#include "core.h"
+#include "exchange.h"
 #include "idem/error.h"
 #include "idem/executor.h"
 #include "identity.h"
 #include "messages.h"
-#include "record.h"
 #include "net.h"
-#include "upstream.h"
+#include "record.h"
 
 namespace idem::proxy {
 
@@ -49,7 +43,7 @@ namespace {
 // memory, so a poll of a key held in this process costs no store round trip.
 constexpr Duration kFirstPoll{10};
 constexpr Duration kMaxPoll{250};
-// After drain_timeout, how long cancelled requests get to release and answer.
+// After drain_timeout, how long cancelled requests get to end and answer.
 constexpr Duration kAbortGrace{5000};
 
 bool idempotent_method(http::verb v) {
@@ -80,104 +74,57 @@ Duration jittered(Duration d) {
   return Duration{dist(rng)};
 }
 
-// The problem answer for an upstream exchange that failed (docs/proxy.md, "Every answer").
-struct FailureAnswer {
-  unsigned status;
-  const char* code;
-};
-
-FailureAnswer answer_for(UpstreamResult::Failure failure) {
-  using Failure = UpstreamResult::Failure;
-  switch (failure) {
-    case Failure::kTimeout:
-      return {504, "upstream-timeout"};
-    case Failure::kCancelled:
-      return {503, "shutting-down"};
-    case Failure::kConnect:
-      return {502, "upstream-unreachable"};
-    case Failure::kTooLarge:
-      return {502, "upstream-too-large"};
-    case Failure::kBadResponse:
-      return {502, "upstream-bad-response"};
-    case Failure::kBroken:
-    case Failure::kNone:
-      break;
-  }
-  return {502, "upstream-broken"};
+ExecutorOptions executor_options(const ProxyOptions& o) {
+  ExecutorOptions e;
+  e.lease = o.lease;
+  // Each route's max_record is checked before complete; the executor takes what SPEC §10
+  // allows.
+  e.max_payload = kMaxPayloadBytes;
+  return e;
 }
 
 // What a store call on the pool produced, handed back to the session's strand.
 struct BeginOutcome {
   std::optional<BeginResult<>> result;
-  // Set instead of result when begin threw: the answer to give.
-  std::optional<Response> error;
-  std::string outcome;
+  // Set instead of result when begin threw: the problem to answer, and what to log.
+  unsigned status = 0;
+  const char* code = nullptr;
+  const char* text = nullptr;
+  std::string detail;
 };
 
 }  // namespace
 
-class Session;
-
-struct Server::Core : std::enable_shared_from_this<Server::Core> {
-  Core(ProxyOptions opts, std::shared_ptr<Store> store, std::function<void(const std::string&)> log)
-      : options(std::move(opts)),
-        log(std::move(log)),
-        ioc(static_cast<int>(std::max(1u, options.io_threads))),
-        work(asio::make_work_guard(ioc)),
-        store_pool(std::max(1u, options.store_threads)),
-        executor(std::move(store), executor_options(options)),
-        acceptor(ioc),
-        signals(ioc),
-        drain_timer(ioc) {}
-
-  static ExecutorOptions executor_options(const ProxyOptions& o) {
-    ExecutorOptions e;
-    e.lease = o.lease;
-    e.ttl = o.ttl;
-    e.max_payload = o.max_record;
-    return e;
-  }
-
-  const ProxyOptions options;
-  const std::function<void(const std::string&)> log;
-  asio::io_context ioc;
-  // Keeps the I/O threads running while store calls are out on the pool; dropped when the
-  // drain ends.
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  asio::thread_pool store_pool;
-  Executor executor;
-  std::optional<UpstreamPool> upstream;
-  tcp::acceptor acceptor;
-  asio::signal_set signals;
-  asio::steady_timer drain_timer;
-
-  std::mutex sessions_mu;
-  std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions;
-  std::uint64_t next_session = 0;
-  std::atomic<bool> draining{false};
-  bool drained = false;  // guarded by sessions_mu
-
-  std::uint64_t add_session(const std::shared_ptr<Session>& s);
-  void remove_session(std::uint64_t id);
-  std::vector<std::shared_ptr<Session>> live_sessions();
-
-  void accept();
-  void start_drain(const std::string& why);
-  void abort_all();
-  // Ends run(): no session is left, or the grace after aborting ran out.
-  void finish();
-  std::shared_ptr<Core> shared_self() { return shared_from_this(); }
-};
+Server::Core::Core(ProxyOptions opts, std::shared_ptr<Store> store,
+                   std::function<void(const std::string&)> log_line)
+    : options(std::move(opts)),
+      log(std::move(log_line)),
+      ioc(static_cast<int>(std::max(1u, options.io_threads))),
+      work(asio::make_work_guard(ioc)),
+      store_pool(std::max(1u, options.store_threads)),
+      executor(std::move(store), executor_options(options)),
+      acceptor(ioc),
+      signals(ioc),
+      drain_timer(ioc) {}
 
 // One client connection. Its steps run one at a time on the connection's strand; store
 // calls go to the store pool and come back to the strand.
-class Session : public std::enable_shared_from_this<Session> {
+class Session : public Drainable, public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<Server::Core> core, tcp::socket socket)
-      : core_(std::move(core)), stream_(std::move(socket)), wait_timer_(stream_.get_executor()) {}
+  Session(std::shared_ptr<Core> core, tcp::socket socket)
+      : core_(std::move(core)), stream_(std::move(socket)), wait_timer_(stream_.get_executor()) {
+    beast::error_code ec;
+    tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) {
+      client_.address = peer.address().is_v4() || !peer.address().to_v6().is_v4_mapped()
+                            ? peer.address().to_string()
+                            : peer.address().to_v6().to_v4().to_string();
+      client_.port = peer.port();
+    }
+  }
 
-  ~Session() {
-    if (id_ != 0) core_->remove_session(id_);
+  ~Session() override {
+    if (id_ != 0) core_->forget(id_, /*connection=*/true);
   }
 
   void start(std::uint64_t id) {
@@ -187,28 +134,29 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Graceful shutdown: a connection waiting for its next request closes now; one with a
   // request in flight closes after answering it.
-  void drain() {
+  void drain() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
       if (self->idle_) self->close();
     });
   }
 
-  // The drain ran out of time: give up on the request in flight (its record is released
-  // and its client answered 503).
-  void abort() {
+  // The drain ran out of time: give up on the request in flight. A keyed request that may
+  // have reached the upstream keeps its key held (SPEC §13); its client gets 503.
+  void abort() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
       self->aborted_ = true;
       if (self->idle_) return self->close();
-      if (self->upstream_call_) UpstreamPool::cancel(self->upstream_call_);
+      if (self->exchange_) self->exchange_->cancel();
       self->wait_timer_.cancel();
       if (self->writing_) self->close();
     });
   }
 
-  // After the I/O threads stopped with this request still open (the grace after abort()
-  // ran out): releases its record now, so the key is free at once rather than when the
-  // lease runs out. Only called when no other thread runs.
-  void release_unfinished() { handle_.release(); }
+  void abandon_unfinished() noexcept override {
+    if (exchange_) exchange_->abandon_unfinished();
+    // A lease taken but never forwarded: nothing ran.
+    handle_.release();
+  }
 
  private:
   // ---- reading a request ----
@@ -232,6 +180,10 @@ class Session : public std::enable_shared_from_this<Session> {
     started_ = SteadyClock::now();
     stream_.expires_after(core_->options.client_timeout);
     const auto& header = parser_->get();
+    auto id = header.find(kRequestIdHeader);
+    std::optional<std::string> given =
+        id == header.end() ? std::nullopt : usable_request_id(id->value());
+    client_.request_id = given ? std::move(*given) : new_request_id();
     if (beast::iequals(header[http::field::expect], "100-continue") && !parser_->is_done()) {
       if (auto length = parser_->content_length();
           length && *length > core_->options.max_request_body) {
@@ -262,10 +214,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == http::error::body_limit) return refuse_body_too_large();
     if (ec == http::error::header_limit) {
       outcome_ = "refused";
-      return answer_and_close(problem(431, "header-too-large",
-                                      "the request's header is larger than the limit of " +
-                                          std::to_string(core_->options.max_request_header) +
-                                          " bytes"));
+      return answer_and_close(refusal(431, "header-too-large",
+                                      "the request's header is larger than this proxy accepts"));
     }
     // A client that went away, an idle connection timing out or shutting down, or a read
     // cut short: nothing to answer.
@@ -275,40 +225,44 @@ class Session : public std::enable_shared_from_this<Session> {
       return close();
     }
     outcome_ = "refused";
-    answer_and_close(problem(400, "bad-request", "the request is not valid HTTP/1.1: " + ec.message()));
+    log_detail("bad request: " + ec.message());
+    answer_and_close(refusal(400, "bad-request", "the request is not valid HTTP/1.1"));
   }
 
   void refuse_body_too_large() {
     outcome_ = "refused";
-    answer_and_close(problem(413, "body-too-large",
-                             "the request body is larger than the limit of " +
-                                 std::to_string(core_->options.max_request_body) + " bytes"));
+    answer_and_close(refusal(413, "body-too-large",
+                             "the request body is larger than this proxy accepts for a request "
+                             "with an idempotency key"));
   }
 
   // ---- deciding what to do with it ----
 
   void handle_request() {
-    const auto& methods = core_->options.methods;
+    const std::string_view target = req_.target();
+    policy_ = &policy_for(core_->options, target.substr(0, target.find('?')));
+    const auto& methods = policy_->methods;
     const bool keyed_method =
+        policy_->protect &&
         std::find(methods.begin(), methods.end(), req_.method_string()) != methods.end();
     if (!keyed_method) return forward(false);
-    KeyHeader key = read_key(req_);
+    KeyHeader key = read_key(req_, core_->options.key_header, policy_->key_format);
     switch (key.kind) {
       case KeyHeader::Kind::kAbsent:
-        if (!core_->options.require_key) return forward(false);
+        if (!policy_->require_key) return forward(false);
         outcome_ = "refused";
-        return answer(problem(400, "missing-key",
-                              "this proxy requires an Idempotency-Key header on " +
-                                  std::string(req_.method_string()) + " requests"));
+        return answer(refusal(400, "missing-key",
+                              "this endpoint requires an idempotency key header (" +
+                                  core_->options.key_header + ")"));
       case KeyHeader::Kind::kMalformed:
         outcome_ = "refused";
-        return answer(problem(400, "bad-key", key.why));
+        return answer(refusal(400, "bad-key", key.why));
       case KeyHeader::Kind::kValid:
         break;
     }
     key_ = std::move(key.key);
     keyed_ = true;
-    scope_ = scope_of(req_, core_->options);
+    scope_ = scope_of(req_, core_->options, *policy_);
     fingerprint_ = fingerprint_of(req_, core_->options);
     wait_deadline_.reset();
     poll_ = kFirstPoll;
@@ -317,13 +271,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- the executor, on the store pool ----
 
-  // Runs a store call: on the store pool, or inline on this I/O thread when the proxy runs
-  // with --store-threads 0.
-  template <typename F>
-  void on_store(F&& f) {
-    if (core_->options.store_threads == 0) return f();
-    asio::post(core_->store_pool, std::forward<F>(f));
-  }
   // Comes back to the connection's strand after a store call.
   template <typename F>
   void back(F&& f) {
@@ -332,54 +279,75 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void begin() {
-    on_store([self = shared_from_this()] {
+    core_->on_store([self = shared_from_this()] {
       BeginOutcome out;
       try {
-        out.result.emplace(self->core_->executor.begin(self->scope_, self->key_,
-                                                       CallOptions{.fingerprint = self->fingerprint_}));
+        out.result.emplace(self->core_->executor.begin(
+            self->scope_, self->key_,
+            CallOptions{.ttl = self->policy_->ttl, .fingerprint = self->fingerprint_}));
       } catch (const KeyReuse&) {
-        out.outcome = "key-reuse";
-        out.error = problem(422, "key-reuse",
-                            "this Idempotency-Key was used before with a different request "
-                            "(method, target or body); use a new key for a new request");
+        out = {std::nullopt, 422, "key-reuse",
+               "this idempotency key was used before with a different request (method, target "
+               "or body); use a new key for a new request",
+               {}};
       } catch (const StoreUnavailable& e) {
-        out.outcome = "store-unavailable";
-        out.error = problem(503, "store-unavailable",
-                            std::string("the idempotency store cannot be reached; the request "
-                                        "was not forwarded: ") +
-                                e.what());
-        out.error->set(http::field::retry_after, "1");
-      } catch (const InvalidArgument& e) {
-        out.outcome = "refused";
-        out.error = problem(400, "bad-key", e.what());
+        out = {std::nullopt, 503, "store-unavailable",
+               "the idempotency store cannot be reached; the request was not forwarded",
+               e.what()};
       } catch (const std::exception& e) {
-        out.outcome = "error";
-        out.error = problem(500, "internal-error", e.what());
+        out = {std::nullopt, 500, "internal-error",
+               "the proxy failed to handle this request; it was not forwarded", e.what()};
       }
       self->back([self, out = std::move(out)]() mutable { self->on_begun(std::move(out)); });
     });
   }
 
   void on_begun(BeginOutcome out) {
-    if (out.error) {
-      outcome_ = out.outcome;
-      return answer(std::move(*out.error));
+    if (!out.result) {
+      outcome_ = out.code;
+      if (!out.detail.empty()) log_detail(out.detail);
+      Response res = refusal(out.status, out.code, out.text);
+      if (out.status == 503) res.set(http::field::retry_after, "1");
+      return answer(std::move(res));
     }
     BeginResult<>& begun = *out.result;
-    if (Result<std::string>* replay = begun.replay()) {
-      std::string why;
-      std::optional<RecordedResponse> recorded = decode_record(replay->value, &why);
-      if (!recorded) {
-        outcome_ = "foreign-record";
-        return answer(problem(500, "foreign-record", why));
-      }
-      outcome_ = "replayed";
-      return answer(from_record(*recorded, /*replayed=*/true));
-    }
+    if (Result<std::string>* replay = begun.replay()) return on_replay(replay->value);
     if (const Busy* busy = begun.busy()) return on_busy(*busy);
     handle_ = std::move(*begun.handle());
-    if (aborted_) return release_and_answer(shutting_down(), "cancelled");
+    if (aborted_) {
+      // Nothing was forwarded: the key goes free.
+      return core_->on_store([self = shared_from_this()] {
+        self->handle_.release();
+        self->back([self] {
+          self->outcome_ = "cancelled";
+          self->answer(self->shutting_down());
+        });
+      });
+    }
     forward(true);
+  }
+
+  void on_replay(const std::string& bytes) {
+    std::string why;
+    std::optional<RecordedResponse> recorded = decode_record(bytes, &why);
+    if (!recorded) {
+      outcome_ = "foreign-record";
+      log_detail("the record under this key cannot be replayed: " + why);
+      return answer(refusal(500, "foreign-record",
+                            "the record under this idempotency key was not written by this "
+                            "proxy; it cannot be replayed"));
+    }
+    if (recorded->body_omitted) {
+      // SPEC §13: the request ran; its answer was too large to keep. Never run it again.
+      outcome_ = "too-large-to-replay";
+      return answer(refusal(410, "too-large-to-replay",
+                            "the request with this idempotency key ran, but its answer was too "
+                            "large to record, so it cannot be replayed; do not send it again",
+                            {{"recorded_status", recorded->status},
+                             {"recorded_size", recorded->body_size}}));
+    }
+    outcome_ = "replayed";
+    answer(from_record(*recorded, /*replayed=*/true));
   }
 
   void on_busy(const Busy& busy) {
@@ -400,9 +368,9 @@ class Session : public std::enable_shared_from_this<Session> {
       });
     }
     outcome_ = "in-progress";
-    Response res = problem(409, "in-progress",
-                           "a request with this Idempotency-Key is in progress; retry after "
-                           "the time in Retry-After");
+    Response res = refusal(409, "in-progress",
+                           "a request with this idempotency key is in progress; retry after the "
+                           "time in Retry-After");
     res.set(http::field::retry_after, retry_after(busy.lease_remaining));
     answer(std::move(res));
   }
@@ -411,85 +379,125 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void forward(bool keyed) {
     keyed_ = keyed;
-    Request up = upstream_request(req_);
-    if (keyed) add_fencing(up, handle_.token(), handle_.number(), handle_.stolen());
-    const bool repeatable = !keyed && idempotent_method(req_.method());
-    upstream_call_ = core_->upstream->send(
-        std::move(up), repeatable, [self = shared_from_this()](UpstreamResult result) {
-          asio::post(self->stream_.get_executor(), [self, result = std::move(result)]() mutable {
-            self->on_upstream(std::move(result));
-          });
-        });
+    RequestHeader head = upstream_header(req_.base(), client_);
+    if (keyed) add_fencing(head, handle_.token(), handle_.number(), handle_.stolen());
+    const bool repeatable = !keyed && idempotent_method(req_.method()) && req_.body().empty();
+    exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(), std::move(head),
+                                           repeatable);
+    exchange_->set_label(client_.request_id);
+    if (keyed) exchange_->hold(std::move(handle_), *policy_);
+    exchange_->send(std::move(req_.body()),
+                    [self = shared_from_this()](Exchange::Status s) { self->on_head(s); });
   }
 
-  void on_upstream(UpstreamResult result) {
-    upstream_call_.reset();
-    if (result.failure != UpstreamResult::Failure::kNone) {
-      const FailureAnswer failure = answer_for(result.failure);
-      outcome_ = failure.code;
-      Response res = result.failure == UpstreamResult::Failure::kCancelled
-                         ? shutting_down()
-                         : problem(failure.status, failure.code, result.detail);
-      // SPEC §13: a timeout or a broken connection releases the record (no failed state).
-      if (keyed_) return release_and_answer(std::move(res), outcome_);
-      return answer(std::move(res));
-    }
-    Response res = std::move(result.response);
+  void on_head(const Exchange::Status& s) {
+    if (!s.ok()) return on_upstream_failed(s);
+    res_ = {};
+    res_.base() = exchange_->head();
+    read_piece();
+  }
+
+  void read_piece() {
+    exchange_->read_piece([self = shared_from_this()](Exchange::Status s, std::string_view piece,
+                                                      bool last) {
+      if (!s.ok()) return self->on_upstream_failed(s);
+      self->res_.body().append(piece);
+      if (!last) return self->read_piece();
+      self->on_answer();
+    });
+  }
+
+  void on_answer() {
     if (!keyed_) {
       outcome_ = "passed";
+      exchange_.reset();
+      return answer(std::move(res_));
+    }
+    exchange_->settle([self = shared_from_this()](std::string outcome) {
+      if (outcome != "recorded" && outcome != "released") {
+        self->res_.set(kNotRecordedHeader, outcome == "store-too-large" ? "too-large" : outcome);
+      }
+      self->outcome_ = std::move(outcome);
+      self->exchange_.reset();
+      self->answer(std::move(self->res_));
+    });
+  }
+
+  void on_upstream_failed(const Exchange::Status& s) {
+    using Failure = Exchange::Failure;
+    Response res;
+    switch (s.failure) {
+      case Failure::kTimeout:
+        res = refusal(504, "upstream-timeout", "the upstream did not answer in time");
+        break;
+      case Failure::kCancelled:
+        res = shutting_down();
+        break;
+      case Failure::kConnect:
+        res = refusal(502, "upstream-unreachable", "the proxy cannot connect to the upstream");
+        break;
+      case Failure::kTooLarge:
+        res = refusal(502, "upstream-too-large", "the upstream's answer is larger than this proxy passes");
+        break;
+      case Failure::kBadResponse:
+        res = refusal(502, "upstream-bad-response", "the upstream's answer is not valid HTTP/1.1");
+        break;
+      case Failure::kBroken:
+      case Failure::kNone:
+        res = refusal(502, "upstream-broken",
+                      "the connection to the upstream broke before the whole answer arrived");
+        break;
+    }
+    log_detail(s.detail);
+    const std::string code = problem_code(res);
+    if (!keyed_ || !exchange_->keyed()) {
+      outcome_ = code;
+      exchange_.reset();
       return answer(std::move(res));
     }
-    if (releases(res.result_int(), core_->options)) {
-      return release_and_answer(std::move(res), "released");
+    if (s.detached) {
+      // The exchange reads the late answer in the background and decides the record.
+      outcome_ = "held";
+      exchange_.reset();
+      return answer(std::move(res));
     }
-    RecordedResponse record = to_record(res);
-    if (encoded_size(record) > core_->options.max_record) {
-      // docs/proxy.md: a larger answer is passed through once and the record released.
-      res.set(kNotRecordedHeader, "too-large");
-      return release_and_answer(std::move(res), "too-large");
-    }
-    complete_and_answer(std::move(res), encode_record(record));
+    auto settled = [self = shared_from_this(), res = std::move(res)](std::string outcome) mutable {
+      self->outcome_ = outcome.empty() ? "error" : std::move(outcome);
+      self->exchange_.reset();
+      self->answer(std::move(res));
+    };
+    if (s.failure == Failure::kTooLarge) return exchange_->settle_as_marker(std::move(settled));
+    exchange_->give_up(s, std::move(settled));
   }
 
-  void complete_and_answer(Response res, std::string bytes) {
-    on_store([self = shared_from_this(), res = std::move(res), bytes = std::move(bytes)]() mutable {
-      std::string not_recorded;
-      try {
-        (void)self->handle_.complete(std::move(bytes));
-      } catch (const PayloadTooLarge&) {
-        not_recorded = "too-large";
-      } catch (const LeaseLost&) {
-        not_recorded = "lease-lost";
-      } catch (const StoreUnavailable&) {
-        not_recorded = "store-unavailable";
-      } catch (const std::exception&) {
-        not_recorded = "error";
-      }
-      if (!not_recorded.empty()) res.set(kNotRecordedHeader, not_recorded);
-      self->back([self, res = std::move(res), not_recorded = std::move(not_recorded)]() mutable {
-        self->outcome_ = not_recorded.empty() ? "recorded" : not_recorded;
-        self->answer(std::move(res));
-      });
-    });
-  }
-
-  void release_and_answer(Response res, std::string outcome) {
-    on_store([self = shared_from_this(), res = std::move(res), outcome = std::move(outcome)]() mutable {
-      self->handle_.release();
-      self->back([self, res = std::move(res), outcome = std::move(outcome)]() mutable {
-        self->outcome_ = std::move(outcome);
-        self->answer(std::move(res));
-      });
-    });
+  static std::string problem_code(const Response& res) {
+    const std::string& body = res.body();
+    const std::string marker = "\"code\":\"";
+    auto at = body.find(marker);
+    if (at == std::string::npos) return "error";
+    at += marker.size();
+    return body.substr(at, body.find('"', at) - at);
   }
 
   Response shutting_down() {
-    return problem(503, "shutting-down",
-                   "the proxy is shutting down and could not finish this request in time; "
-                   "nothing was recorded, so a retry runs it again");
+    return refusal(503, "shutting-down",
+                   "the proxy is shutting down and could not finish this request in time");
   }
 
   // ---- answering ----
+
+  // A problem answer naming this request (messages.h: fixed texts only).
+  Response refusal(unsigned status, std::string_view code, std::string_view text,
+                   std::vector<std::pair<std::string_view, std::uint64_t>> extra = {}) {
+    return problem(status, code, text,
+                   ProblemContext{client_.request_id, core_->options.problem_type_base,
+                                  std::move(extra)});
+  }
+
+  void log_detail(const std::string& detail) {
+    if (detail.empty()) return;
+    core_->log("request " + client_.request_id + ": " + detail);
+  }
 
   void answer(Response res) {
     res_ = std::move(res);
@@ -521,6 +529,7 @@ class Session : public std::enable_shared_from_this<Session> {
       self->req_ = {};
       self->res_ = {};
       self->keyed_ = false;
+      self->key_.clear();
       self->outcome_.clear();
       self->read_request();
     });
@@ -544,7 +553,7 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().close(ignored);
   }
 
-  std::shared_ptr<Server::Core> core_;
+  std::shared_ptr<Core> core_;
   std::uint64_t id_ = 0;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
@@ -552,15 +561,17 @@ class Session : public std::enable_shared_from_this<Session> {
   Request req_;
   Response res_;
   asio::steady_timer wait_timer_;
+  ClientInfo client_;
 
   // The request in flight.
   SteadyClock::time_point started_{};
+  const Policy* policy_ = nullptr;
   std::string key_;
   std::string scope_;
   std::string fingerprint_;
   bool keyed_ = false;
   AttemptHandle<> handle_;
-  std::shared_ptr<UpstreamCall> upstream_call_;
+  std::shared_ptr<Exchange> exchange_;
   std::optional<SteadyClock::time_point> wait_deadline_;
   Duration poll_ = kFirstPoll;
   std::string outcome_;
@@ -592,29 +603,31 @@ void refuse_connection(tcp::socket socket) {
 
 }  // namespace
 
-std::uint64_t Server::Core::add_session(const std::shared_ptr<Session>& s) {
-  std::lock_guard<std::mutex> lock(sessions_mu);
-  std::uint64_t id = ++next_session;
-  sessions.emplace(id, s);
+std::uint64_t Server::Core::remember(const std::shared_ptr<Drainable>& d, bool connection) {
+  std::lock_guard<std::mutex> lock(live_mu);
+  std::uint64_t id = ++next_live;
+  live.emplace(id, d);
+  if (connection) ++connections;
   return id;
 }
 
-void Server::Core::remove_session(std::uint64_t id) {
+void Server::Core::forget(std::uint64_t id, bool connection) {
   bool last = false;
   {
-    std::lock_guard<std::mutex> lock(sessions_mu);
-    sessions.erase(id);
-    last = sessions.empty() && draining && !drained;
+    std::lock_guard<std::mutex> lock(live_mu);
+    live.erase(id);
+    if (connection) --connections;
+    last = live.empty() && draining && !drained;
     if (last) drained = true;
   }
-  if (last) asio::post(ioc, [this] { finish(); });
+  if (last) asio::post(ioc, [self = shared_self()] { self->finish(); });
 }
 
-std::vector<std::shared_ptr<Session>> Server::Core::live_sessions() {
-  std::vector<std::shared_ptr<Session>> out;
-  std::lock_guard<std::mutex> lock(sessions_mu);
-  for (auto& [id, weak] : sessions) {
-    if (auto s = weak.lock()) out.push_back(std::move(s));
+std::vector<std::shared_ptr<Drainable>> Server::Core::live_now() {
+  std::vector<std::shared_ptr<Drainable>> out;
+  std::lock_guard<std::mutex> lock(live_mu);
+  for (auto& [id, weak] : live) {
+    if (auto d = weak.lock()) out.push_back(std::move(d));
   }
   return out;
 }
@@ -631,8 +644,8 @@ void Server::Core::accept() {
     }
     std::size_t open = 0;
     {
-      std::lock_guard<std::mutex> lock(sessions_mu);
-      open = sessions.size();
+      std::lock_guard<std::mutex> lock(live_mu);
+      open = connections;
     }
     if (open >= options.max_connections) {
       refuse_connection(std::move(socket));
@@ -641,7 +654,7 @@ void Server::Core::accept() {
       socket.set_option(tcp::no_delay(true), ignored);
       // The session's owner is this very Core (shared), kept alive by every session.
       auto session = std::make_shared<Session>(shared_self(), std::move(socket));
-      session->start(add_session(session));
+      session->start(remember(session, /*connection=*/true));
     }
     accept();
   });
@@ -652,13 +665,14 @@ void Server::Core::start_drain(const std::string& why) {
   beast::error_code ignored;
   acceptor.close(ignored);
   signals.cancel(ignored);
-  std::vector<std::shared_ptr<Session>> live = live_sessions();
-  log(why + ": stopped accepting; finishing " + std::to_string(live.size()) +
-      " connection(s) (at most " + std::to_string(options.drain_timeout.count()) + " ms)");
-  for (auto& s : live) s->drain();
+  std::vector<std::shared_ptr<Drainable>> now = live_now();
+  log(why + ": stopped accepting; finishing " + std::to_string(now.size()) +
+      " connection(s) and late answer(s) (at most " +
+      std::to_string(options.drain_timeout.count()) + " ms)");
+  for (auto& d : now) d->drain();
   {
-    std::lock_guard<std::mutex> lock(sessions_mu);
-    if (sessions.empty() && !drained) {
+    std::lock_guard<std::mutex> lock(live_mu);
+    if (live.empty() && !drained) {
       drained = true;
       asio::post(ioc, [this] { finish(); });
       return;
@@ -672,10 +686,11 @@ void Server::Core::start_drain(const std::string& why) {
 }
 
 void Server::Core::abort_all() {
-  std::vector<std::shared_ptr<Session>> live = live_sessions();
-  log("drain timeout: cancelling " + std::to_string(live.size()) +
-      " request(s); their records are released");
-  for (auto& s : live) s->abort();
+  std::vector<std::shared_ptr<Drainable>> now = live_now();
+  log("drain timeout: cancelling " + std::to_string(now.size()) +
+      " request(s); keys whose request may have reached the upstream stay held until their "
+      "leases run out");
+  for (auto& d : now) d->abort();
   drain_timer.expires_after(kAbortGrace);
   drain_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
@@ -707,7 +722,7 @@ void Server::run() {
     throw std::invalid_argument("cannot resolve the upstream host \"" + o.upstream_host +
                                 "\": " + ec.message());
   }
-  core.upstream.emplace(core.ioc, std::move(endpoints), o);
+  core.upstream.emplace(core.ioc, std::move(endpoints), core.options);
 
   auto address = asio::ip::make_address(o.listen_address, ec);
   if (ec) throw std::invalid_argument("\"" + o.listen_address + "\" is not an IP address");
@@ -748,10 +763,11 @@ void Server::run() {
   core.ioc.run();
   for (auto& t : threads) t.join();
   // Store calls still out (bounded by the store's own timeouts) finish before the executor
-  // goes; handles of requests that never finished release their records as they are
-  // destroyed with the handlers that hold them.
+  // goes. Then whatever is still open ends its lease without a store call: a request that
+  // may have reached the upstream leaves its key held (SPEC §13), one that never did
+  // releases it.
   core.store_pool.join();
-  for (auto& s : core.live_sessions()) s->release_unfinished();
+  for (auto& d : core.live_now()) d->abandon_unfinished();
   core.log("stopped");
 }
 

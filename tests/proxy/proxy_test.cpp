@@ -88,6 +88,26 @@ class ProxyTest : public ::testing::Test {
     return open_store(store_url())->get(scope, k);
   }
 
+  // Sends the request again every 50 ms while it is answered 409 (a key held by a lease
+  // that has not run out yet); returns the first other answer.
+  Reply retry_while_busy(std::uint16_t port, const Headers& headers, const std::string& body = {}) {
+    Reply r;
+    (void)eventually(
+        [&] {
+          r = request(port, "POST", "/pay", headers, body);
+          if (r.status != 409) return true;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          return false;
+        },
+        std::chrono::seconds(30));
+    return r;
+  }
+
+  bool in_progress(const std::string& scope, const std::string& k) {
+    std::optional<Record> r = record(scope, k);
+    return r && r->state == RecordState::kInProgress;
+  }
+
   ScratchDir dir_;
   Upstream upstream_;
   std::string prefix_;
@@ -206,6 +226,25 @@ TEST_P(ProxyStoreTest, TwoProxiesOnOneStoreRaceOneKeyAndItRunsOnce) {
     originals += r.replayed() ? 0 : 1;
   }
   EXPECT_EQ(originals, 1);
+}
+
+TEST_P(ProxyStoreTest, UpstreamTimeoutHoldsTheKeyForEveryProxyAndTheLateAnswerIsReplayed) {
+  auto a = start_proxy({"--upstream-timeout", "300ms"}, "a");
+  auto b = start_proxy({}, "b");
+  const std::string k = key("k");
+  Reply slow = request(a->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+  EXPECT_EQ(slow.status, 504u) << slow.error;
+  Reply elsewhere = request(b->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(elsewhere.status, 409u) << elsewhere.error << elsewhere.body;
+  upstream_.open_gate(k);
+  Reply replay;
+  ASSERT_TRUE(eventually([&] {
+    replay = request(b->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+    return replay.status != 409;
+  }));
+  EXPECT_EQ(replay.status, 200u) << replay.error;
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, ProxyStoreTest, ::testing::ValuesIn(stores()),
@@ -334,7 +373,7 @@ TEST_F(ProxyTest, ChunkedUpstreamAnswerIsRecordedAndReplayed) {
   EXPECT_EQ(upstream_.executions_of(k), 1);
 }
 
-TEST_F(ProxyTest, AnswerLargerThanTheRecordLimitPassesThroughOnceUnrecorded) {
+TEST_F(ProxyTest, AnswerLargerThanTheRecordLimitIsRecordedAsAMarkerAndNeverRunsAgain) {
   auto proxy = start_proxy({"--max-record", "64KiB"});
   const std::string k = key("k");
   Headers headers = {{"Idempotency-Key", k}, {"X-Test-Body-Size", "200000"}};
@@ -342,16 +381,111 @@ TEST_F(ProxyTest, AnswerLargerThanTheRecordLimitPassesThroughOnceUnrecorded) {
   ASSERT_EQ(first.status, 200u) << first.error;
   EXPECT_EQ(first.body, binary_body(200000));
   EXPECT_EQ(first.header("Idempotency-Not-Recorded"), std::string("too-large"));
-  EXPECT_FALSE(record("POST /big", k).has_value());
+  std::optional<Record> stored = record("POST /big", k);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->state, RecordState::kComplete);
+  EXPECT_LT(stored->payload.size(), 1024u);
+
+  // SPEC §13: the request ran; a duplicate is told so, and the upstream never sees it again.
   Reply again = request(proxy->port(), "POST", "/big", headers);
-  EXPECT_FALSE(again.replayed());
-  EXPECT_EQ(upstream_.executions_of(k), 2);
+  EXPECT_EQ(again.status, 410u) << again.error;
+  EXPECT_THAT(again.header("Content-Type"), Optional(std::string(kProblemJson)));
+  EXPECT_THAT(again.body, AllOf(HasSubstr("\"code\":\"too-large-to-replay\""),
+                                HasSubstr("\"recorded_status\":200"),
+                                HasSubstr("\"recorded_size\":200000")));
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, TooManyRequestsAndRequestTimeoutReleaseTheKeyByDefault) {
+  auto proxy = start_proxy();
+  for (const char* status : {"429", "408"}) {
+    const std::string k = key(status);
+    Reply refused = request(proxy->port(), "POST", "/pay",
+                            {{"Idempotency-Key", k}, {"X-Test-Status", status}});
+    EXPECT_EQ(refused.status, static_cast<unsigned>(std::stoi(status))) << refused.error;
+    EXPECT_FALSE(record("POST /pay", k).has_value()) << status;
+    // A client that honours Retry-After gets through: the retry runs.
+    Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+    EXPECT_EQ(retry.status, 200u) << status;
+    EXPECT_FALSE(retry.replayed());
+    EXPECT_EQ(upstream_.executions_of(k), 2) << status;
+  }
+}
+
+TEST_F(ProxyTest, ReleaseStatusesCanBeNarrowedSoA429IsRecorded) {
+  auto proxy = start_proxy({"--release-status", "5xx"});
+  const std::string k = key("k");
+  Headers headers = {{"Idempotency-Key", k}, {"X-Test-Status", "429"}};
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", headers).status, 429u);
+  Reply replay = request(proxy->port(), "POST", "/pay", headers);
+  EXPECT_EQ(replay.status, 429u);
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(upstream_.executions_of(k), 1);
 }
 
 // ---------------------------------------------------------------------------------------
-// Failures release the key.
+// An outcome the proxy cannot know never releases the key (SPEC §13).
 
-TEST_F(ProxyTest, UpstreamKilledMidRequestReleasesTheKey) {
+TEST_F(ProxyTest, UpstreamTimeoutKeepsTheKeyHeldAndRecordsTheLateAnswer) {
+  auto proxy = start_proxy({"--upstream-timeout", "300ms"});
+  const std::string k = key("k");
+  Reply slow = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+  EXPECT_EQ(slow.status, 504u) << slow.error;
+  EXPECT_THAT(slow.body, HasSubstr("\"code\":\"upstream-timeout\""));
+  EXPECT_TRUE(in_progress("POST /pay", k));
+
+  // A prompt retry does not reach the upstream while the first may still be running.
+  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 409u) << retry.error << retry.body;
+  EXPECT_TRUE(retry.header("Retry-After").has_value());
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+
+  // The answer comes late: the proxy was still reading, and records it.
+  upstream_.open_gate(k);
+  ASSERT_TRUE(eventually([&] {
+    std::optional<Record> r = record("POST /pay", k);
+    return r && r->state == RecordState::kComplete;
+  }));
+  Reply replay = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(replay.status, 200u) << replay.error;
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_THAT(replay.body, AllOf(HasSubstr("attempt=1 "), HasSubstr("stolen=false ")));
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, UpstreamTimeoutWithoutALateAnswerIsTakenOverAfterTheLeaseAsAStolenAttempt) {
+  auto proxy =
+      start_proxy({"--upstream-timeout", "200ms", "--late-answer", "200ms", "--lease", "1s"});
+  const std::string k = key("k");
+  Reply slow = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
+  EXPECT_EQ(slow.status, 504u) << slow.error;
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}).status, 409u);
+
+  Reply takeover = retry_while_busy(proxy->port(), {{"Idempotency-Key", k}});
+  EXPECT_EQ(takeover.status, 200u) << takeover.error << takeover.body;
+  EXPECT_THAT(takeover.body, AllOf(HasSubstr("attempt=2 "), HasSubstr("stolen=true ")));
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+  upstream_.open_gate(k);
+}
+
+TEST_F(ProxyTest, UpstreamClosingMidAnswerKeepsTheKeyHeldUntilTheLeaseRunsOut) {
+  auto proxy = start_proxy({"--lease", "1s"});
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"X-Test-Cut", "1000"}, {"X-Test-Drop", "1"}}) {
+    const std::string k = key(name);
+    Reply cut = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {name, value}});
+    EXPECT_EQ(cut.status, 502u) << name << cut.error;
+    EXPECT_THAT(cut.body, HasSubstr("\"code\":\"upstream-broken\""));
+    EXPECT_TRUE(in_progress("POST /pay", k)) << name;
+    EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}).status, 409u);
+    Reply takeover = retry_while_busy(proxy->port(), {{"Idempotency-Key", k}});
+    EXPECT_EQ(takeover.status, 200u) << name << takeover.error;
+    EXPECT_THAT(takeover.body, AllOf(HasSubstr("attempt=2 "), HasSubstr("stolen=true ")));
+    EXPECT_EQ(upstream_.executions_of(k), 2) << name;
+  }
+}
+
+TEST_F(ProxyTest, UpstreamKilledMidRequestKeepsTheKeyHeld) {
   auto proxy = start_proxy();
   const std::string k = key("k");
   Reply first;
@@ -360,28 +494,14 @@ TEST_F(ProxyTest, UpstreamKilledMidRequestReleasesTheKey) {
   client.join();
   EXPECT_EQ(first.status, 502u) << first.error;
   EXPECT_THAT(first.body, HasSubstr("\"code\":\"upstream-broken\""));
-  EXPECT_FALSE(record("POST /pay", k).has_value());
-
-  // Back up: the retry runs.
+  EXPECT_TRUE(in_progress("POST /pay", k));
   upstream_.restart();
   Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
-  EXPECT_EQ(retry.status, 200u) << retry.error << retry.body;
-  EXPECT_FALSE(retry.replayed());
-  EXPECT_EQ(upstream_.executions_of(k), 2);
+  EXPECT_EQ(retry.status, 409u) << retry.error << retry.body;
+  EXPECT_EQ(upstream_.executions_of(k), 1);
 }
 
-TEST_F(ProxyTest, UpstreamDroppingTheConnectionReleasesTheKey) {
-  auto proxy = start_proxy();
-  const std::string k = key("k");
-  Reply dropped = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Drop", "1"}});
-  EXPECT_EQ(dropped.status, 502u) << dropped.error;
-  EXPECT_FALSE(record("POST /pay", k).has_value());
-  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
-  EXPECT_EQ(retry.status, 200u);
-  EXPECT_EQ(upstream_.executions_of(k), 2);
-}
-
-TEST_F(ProxyTest, UpstreamDownAnswers502AndReleases) {
+TEST_F(ProxyTest, UpstreamDownAnswers502AndReleasesBecauseNothingRan) {
   auto proxy = start_proxy();
   const std::string k = key("k");
   upstream_.kill();
@@ -389,14 +509,17 @@ TEST_F(ProxyTest, UpstreamDownAnswers502AndReleases) {
   EXPECT_EQ(down.status, 502u) << down.error;
   EXPECT_THAT(down.body, HasSubstr("\"code\":\"upstream-unreachable\""));
   EXPECT_FALSE(record("POST /pay", k).has_value());
+  upstream_.restart();
+  Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  EXPECT_EQ(retry.status, 200u) << retry.error;
+  EXPECT_THAT(retry.body, AllOf(HasSubstr("attempt=1 "), HasSubstr("stolen=false ")));
 }
 
-TEST_F(ProxyTest, UpstreamTimeoutAnswers504AndReleases) {
-  auto proxy = start_proxy({"--upstream-timeout", "300ms"});
+TEST_F(ProxyTest, ReleaseUncertainRestoresReleasingOnATimeout) {
+  auto proxy = start_proxy({"--upstream-timeout", "300ms", "--release-uncertain"});
   const std::string k = key("k");
   Reply slow = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}});
   EXPECT_EQ(slow.status, 504u) << slow.error;
-  EXPECT_THAT(slow.body, HasSubstr("\"code\":\"upstream-timeout\""));
   EXPECT_FALSE(record("POST /pay", k).has_value());
   upstream_.open_gate(k);
   Reply retry = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
@@ -649,8 +772,8 @@ TEST_F(ProxyTest, SigtermFinishesTheRequestInFlightAndStopsAccepting) {
   EXPECT_EQ(stored->state, RecordState::kComplete);
 }
 
-TEST_F(ProxyTest, SigtermReleasesWhatCannotFinishInTime) {
-  auto proxy = start_proxy({"--drain-timeout", "300ms"});
+TEST_F(ProxyTest, SigtermDrainTimeoutKeepsTheKeyOfARequestInFlightHeld) {
+  auto proxy = start_proxy({"--drain-timeout", "300ms"}, "stopping");
   const std::string k = key("k");
   Reply first;
   std::thread client = send_gated(proxy->port(), k, first);
@@ -659,7 +782,11 @@ TEST_F(ProxyTest, SigtermReleasesWhatCannotFinishInTime) {
   EXPECT_EQ(first.status, 503u) << first.error;
   EXPECT_THAT(first.body, HasSubstr("\"code\":\"shutting-down\""));
   EXPECT_EQ(proxy->wait(), 0);
-  EXPECT_FALSE(record("POST /pay", k).has_value());
+  // The upstream may still be running it: the key stays held, here and on another proxy.
+  EXPECT_TRUE(in_progress("POST /pay", k));
+  auto other = start_proxy({}, "other");
+  EXPECT_EQ(request(other->port(), "POST", "/pay", {{"Idempotency-Key", k}}).status, 409u);
+  EXPECT_EQ(upstream_.executions_of(k), 1);
   upstream_.open_gate(k);
 }
 

@@ -113,7 +113,7 @@ TEST(Scope, NamedCookiesStandInForAMissingAuthorization) {
 TEST(Scope, HeaderValueIsLengthPrefixedSoPartsCannotRunTogether) {
   ProxyOptions o;
   o.scope_header = "X-Tenant";
-  o.fixed_scope = "payments";
+  o.policy.fixed_scope = "payments";
   Request r = post("/pay");
   r.set("X-Tenant", "acme corp");
   EXPECT_EQ(scope_of(r, o), "t9:acme corp payments");
@@ -182,8 +182,9 @@ TEST(Record, RefusesOtherFormatsVersionsAndTruncation) {
   EXPECT_FALSE(decode_record(newer, &why));
   EXPECT_THAT(why, HasSubstr("version 2"));
   std::string flagged = good;
-  flagged[5] = 1;
+  flagged[5] = 2;
   EXPECT_FALSE(decode_record(flagged, &why));
+  EXPECT_THAT(why, HasSubstr("unknown flags"));
   // Cut inside the header list: refused, never read past the end.
   for (std::size_t cut = 12; cut < good.size() - r.body.size(); ++cut) {
     EXPECT_FALSE(decode_record(good.substr(0, cut))) << cut;
@@ -192,6 +193,27 @@ TEST(Record, RefusesOtherFormatsVersionsAndTruncation) {
   std::string lying = good;
   lying[11] = '\x7f';
   EXPECT_FALSE(decode_record(lying, &why));
+}
+
+TEST(Record, MarkerOfATooLargeAnswerKeepsStatusHeadersAndSizeButNoBody) {
+  RecordedResponse r;
+  r.status = 201;
+  r.headers = {{"Location", "/orders/7"}};
+  r.body_omitted = true;
+  r.body_size = 123456789;
+  const std::string bytes = encode_record(r);
+  EXPECT_EQ(bytes.size(), encoded_size(r));
+  EXPECT_EQ(static_cast<unsigned char>(bytes[5]), kFlagBodyOmitted);
+  std::optional<RecordedResponse> back = decode_record(bytes);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_TRUE(back->body_omitted);
+  EXPECT_EQ(back->body_size, 123456789u);
+  EXPECT_EQ(back->status, 201u);
+  EXPECT_EQ(back->headers, r.headers);
+  EXPECT_TRUE(back->body.empty());
+  // A marker with bytes after its size is not one this proxy wrote.
+  EXPECT_FALSE(decode_record(bytes + "x"));
+  EXPECT_FALSE(decode_record(bytes.substr(0, bytes.size() - 1)));
 }
 
 // ---- headers ----
@@ -216,11 +238,12 @@ TEST(Messages, UpstreamRequestDropsExpectAndForgedFencingHeaders) {
   client.set(kTokenHeader, "1");
   client.set(http::field::connection, "close");
   client.keep_alive(false);
-  Request up = upstream_request(client);
+  client.version(10);
+  RequestHeader up = upstream_header(client, {});
   EXPECT_EQ(up.count(http::field::expect), 0u);
   EXPECT_EQ(up.count(kTokenHeader), 0u);
-  EXPECT_TRUE(up.keep_alive());
-  EXPECT_EQ(up[http::field::content_length], "4");
+  EXPECT_EQ(up.version(), 11u);
+  EXPECT_TRUE(keep_alive_of(up));
   add_fencing(up, 42, 2, true);
   EXPECT_EQ(up[kTokenHeader], "42");
   EXPECT_EQ(up[kAttemptHeader], "2");
@@ -233,8 +256,8 @@ TEST(Messages, RecordKeepsEndToEndHeadersInOrderAndReplayMarksIt) {
   up.insert("X-A", "1");
   up.set(http::field::connection, "keep-alive");
   up.set(http::field::content_length, "4");
-  up.body() = "body";
   RecordedResponse r = to_record(up);
+  r.body = "body";
   EXPECT_THAT(r.headers, ElementsAre(Pair("X-B", "2"), Pair("X-A", "1")));
   Response replay = from_record(r, true);
   EXPECT_EQ(replay.result_int(), 201u);
@@ -256,12 +279,12 @@ TEST(Messages, RetryAfterRoundsUpToWholeSecondsAndIsAtLeastOne) {
   EXPECT_EQ(retry_after(std::chrono::milliseconds(30000)), "30");
 }
 
-TEST(Messages, ReleaseStatusesDefaultToServerErrors) {
+TEST(Messages, ReleaseStatusesDefaultToServerErrorsTooManyRequestsAndRequestTimeout) {
   ProxyOptions o;
-  EXPECT_TRUE(releases(500, o));
-  EXPECT_TRUE(releases(599, o));
-  EXPECT_FALSE(releases(409, o));
-  EXPECT_FALSE(releases(200, o));
+  for (unsigned status : {500u, 503u, 599u, 429u, 408u}) EXPECT_TRUE(releases(status, o.policy)) << status;
+  for (unsigned status : {200u, 201u, 400u, 404u, 409u, 422u}) {
+    EXPECT_FALSE(releases(status, o.policy)) << status;
+  }
 }
 
 // ---- options ----

@@ -1,0 +1,92 @@
+#pragma once
+
+// The state `idem proxy` shares between its listener, its client connections (Session, in
+// server.cpp) and their upstream exchanges (exchange.h): the options, the executor, the
+// store threads, the upstream pool, and the registry that the graceful shutdown walks.
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "idem/executor.h"
+#include "net.h"
+#include "options.h"
+#include "server.h"
+#include "upstream.h"
+
+namespace idem::proxy {
+
+class Exchange;
+
+// Something the graceful shutdown waits for and, when the drain runs out, aborts: a client
+// connection, or an exchange that reads an upstream's late answer in the background.
+class Drainable {
+ public:
+  virtual ~Drainable() = default;
+  // The drain began: close now if there is nothing in flight.
+  virtual void drain() = 0;
+  // The drain ran out: give up what is in flight (an outcome the proxy cannot know).
+  virtual void abort() = 0;
+  // The I/O threads stopped with this still open (the grace after abort() ran out): end
+  // its lease without a store call that could block. Only called when no other thread runs.
+  virtual void abandon_unfinished() noexcept = 0;
+};
+
+struct Server::Core : std::enable_shared_from_this<Server::Core> {
+  Core(ProxyOptions opts, std::shared_ptr<Store> store, std::function<void(const std::string&)> log);
+
+  const ProxyOptions options;
+  const std::function<void(const std::string&)> log;
+  asio::io_context ioc;
+  // Keeps the I/O threads running while store calls are out on the pool; dropped when the
+  // drain ends.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  asio::thread_pool store_pool;
+  Executor executor;
+  std::optional<UpstreamPool> upstream;
+  tcp::acceptor acceptor;
+  asio::signal_set signals;
+  asio::steady_timer drain_timer;
+
+  std::mutex live_mu;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Drainable>> live;  // guarded by live_mu
+  std::uint64_t next_live = 0;                                       // guarded by live_mu
+  std::size_t connections = 0;  // client connections among `live`; guarded by live_mu
+  std::atomic<bool> draining{false};
+  bool drained = false;  // guarded by live_mu
+
+  // Registers a connection or a background exchange; returns its id for forget().
+  std::uint64_t remember(const std::shared_ptr<Drainable>& d, bool connection);
+  void forget(std::uint64_t id, bool connection);
+  std::vector<std::shared_ptr<Drainable>> live_now();
+
+  // Runs a store call: on the store pool, or inline on this I/O thread when the proxy runs
+  // with --store-threads 0.
+  template <typename F>
+  void on_store(F&& f) {
+    if (options.store_threads == 0) return f();
+    asio::post(store_pool, std::forward<F>(f));
+  }
+
+  void accept();
+  void start_drain(const std::string& why);
+  void abort_all();
+  // Ends run(): nothing is left, or the grace after aborting ran out.
+  void finish();
+  std::shared_ptr<Core> shared_self() { return shared_from_this(); }
+};
+
+using Core = Server::Core;
+
+}  // namespace idem::proxy
