@@ -30,6 +30,7 @@ struct ProxyArgs {
   std::string scope;
   std::string scope_header;
   bool no_credential_scope = false;
+  bool no_host_scope = false;
   std::vector<std::string> credential_cookies;
   std::vector<std::string> fingerprint_headers;
   std::string release_status = "408,429,5xx";
@@ -91,6 +92,7 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
   p.fixed_scope = a.scope;
   o.scope_header = a.scope_header;
   o.credential_scope = !a.no_credential_scope;
+  o.host_scope = !a.no_host_scope;
   o.credential_cookies = a.credential_cookies;
   o.fingerprint_headers = a.fingerprint_headers;
   o.lease = duration_option("--lease", a.lease, false);
@@ -159,6 +161,8 @@ Command add_proxy_command(CLI::App& parent) {
       ->type_name("NAME");
   app->add_flag("--no-credential-scope", a->no_credential_scope,
                 "Leave the caller's credentials (Authorization, cookies) out of the scope");
+  app->add_flag("--no-host-scope", a->no_host_scope,
+                "Leave the request's Host out of the scope (only when one proxy serves one host)");
   app->add_option("--credential-cookie", a->credential_cookies,
                   "A cookie that identifies the caller when there is no Authorization header "
                   "(repeatable)")

@@ -64,6 +64,8 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   std::uint64_t next_live = 0;                                       // guarded by live_mu
   std::size_t connections = 0;  // client connections among `live`; guarded by live_mu
   std::atomic<bool> draining{false};
+  // Whether the log said once that answers setting cookies are not replayed.
+  std::atomic<bool> warned_cookie{false};
   bool drained = false;  // guarded by live_mu
 
   // Registers a connection or a background exchange; returns its id for forget().

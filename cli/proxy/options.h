@@ -97,7 +97,7 @@ struct ProxyOptions {
   std::vector<std::string> credential_cookies;
   // Put the request's host in the scope, so virtual hosts never share records. Off only
   // with --no-host-scope.
-  bool host_scope = false;
+  bool host_scope = true;
   // Request headers whose values join the fingerprint (method, target and body always do).
   std::vector<std::string> fingerprint_headers;
 

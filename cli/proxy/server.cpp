@@ -184,6 +184,15 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     std::optional<std::string> given =
         id == header.end() ? std::nullopt : usable_request_id(id->value());
     client_.request_id = given ? std::move(*given) : new_request_id();
+    // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host line; two could send a virtual
+    // host's record to another, or confuse the upstream about which host was asked.
+    const std::size_t hosts = header.count(http::field::host);
+    if (hosts > 1 || (hosts == 0 && header.version() >= 11)) {
+      outcome_ = "refused";
+      return answer_and_close(refusal(400, "bad-request",
+                                      hosts > 1 ? "the request has more than one Host header"
+                                                : "the request has no Host header"));
+    }
     if (beast::iequals(header[http::field::expect], "100-continue") && !parser_->is_done()) {
       if (auto length = parser_->content_length();
           length && *length > core_->options.max_request_body) {
@@ -202,10 +211,17 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
+    // The fields of a chunked body's trailer are merged into the header by the parser. They
+    // must never act as headers (a second Host, an Authorization, an idempotency key), so
+    // the header as it was before the body is what counts, and the trailer is dropped.
+    std::optional<RequestHeader> before;
+    if (parser_->chunked()) before.emplace(parser_->get().base());
     http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                     [self = shared_from_this(), before = std::move(before)](
+                         beast::error_code ec, std::size_t) mutable {
                        if (ec) return self->on_read_error(ec);
                        self->req_ = self->parser_->release();
+                       if (before) self->req_.base() = std::move(*before);
                        self->handle_request();
                      });
   }
@@ -337,6 +353,15 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
                             "the record under this idempotency key was not written by this "
                             "proxy; it cannot be replayed"));
     }
+    if (sets_cookie(*recorded) && !has_credentials(req_, core_->options)) {
+      // SPEC §13: an answer that sets a cookie goes only to a request whose scope holds
+      // credentials; otherwise anyone who sends the key would get the session it sets.
+      outcome_ = "cookie-not-replayed";
+      return answer(refusal(410, "cookie-not-replayed",
+                            "the recorded answer to this idempotency key sets a cookie, and this "
+                            "request carries no credentials the proxy can check, so it is not "
+                            "replayed; do not send the request again"));
+    }
     if (recorded->body_omitted) {
       // SPEC §13: the request ran; its answer was too large to keep. Never run it again.
       outcome_ = "too-large-to-replay";
@@ -412,6 +437,13 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
       outcome_ = "passed";
       exchange_.reset();
       return answer(std::move(res_));
+    }
+    if (res_.count(http::field::set_cookie) != 0 && !has_credentials(req_, core_->options) &&
+        !core_->warned_cookie.exchange(true)) {
+      core_->log("request " + client_.request_id +
+                 ": the answer sets a cookie, and the request carries no credentials in its "
+                 "scope (no Authorization header, no --credential-cookie); its duplicates get "
+                 "410 cookie-not-replayed. Name the session cookie with --credential-cookie");
     }
     exchange_->settle([self = shared_from_this()](std::string outcome) {
       if (outcome != "recorded" && outcome != "released") {

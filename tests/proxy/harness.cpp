@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -243,8 +244,12 @@ Reply Client::send(const std::string& method, const std::string& target, const H
   req.method_string(method);
   req.target(target);
   req.version(11);
-  req.set(http::field::host, "127.0.0.1");
-  for (const auto& [name, value] : headers) req.insert(name, value);
+  bool host = false;
+  for (const auto& [name, value] : headers) {
+    req.insert(name, value);
+    host = host || iequal(name, "Host");
+  }
+  if (!host) req.set(http::field::host, "127.0.0.1");
   req.body() = body;
   if (!body.empty() || method == "POST" || method == "PUT" || method == "PATCH") {
     req.prepare_payload();
@@ -282,6 +287,26 @@ Reply request(std::uint16_t port, const std::string& method, const std::string& 
     Reply r;
     r.error = e.what();
     return r;
+  }
+}
+
+Reply raw_request(std::uint16_t port, const std::string& bytes) {
+  Reply reply;
+  try {
+    asio::io_context ioc;
+    beast::tcp_stream stream(ioc);
+    stream.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    stream.expires_after(std::chrono::seconds(60));
+    asio::write(stream, asio::buffer(bytes));
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(512 * 1024 * 1024);
+    http::read(stream, buffer, parser);
+    http::response<http::string_body> res = parser.release();
+    return to_reply(res);
+  } catch (const std::exception& e) {
+    reply.error = e.what();
+    return reply;
   }
 }
 

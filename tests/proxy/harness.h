@@ -126,7 +126,8 @@ struct Reply {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
-// Beast's synchronous client over one kept-alive connection.
+// Beast's synchronous client over one kept-alive connection. Requests carry Host: 127.0.0.1
+// unless `headers` name a Host (or several) themselves.
 class Client {
  public:
   explicit Client(std::uint16_t port);
@@ -147,6 +148,10 @@ class Client {
 // One request on a connection of its own.
 Reply request(std::uint16_t port, const std::string& method, const std::string& target,
               const Headers& headers = {}, const std::string& body = {});
+
+// Writes `bytes` as they are on a connection of its own and reads one answer: for requests
+// a well-behaved client would never build (two Host lines, a chunked body with a trailer).
+Reply raw_request(std::uint16_t port, const std::string& bytes);
 
 // Whether a TCP connection to the port is refused.
 bool refuses_connections(std::uint16_t port);

@@ -84,8 +84,15 @@ class ProxyTest : public ::testing::Test {
     return client;
   }
 
-  std::optional<Record> record(const std::string& scope, const std::string& k) {
-    return open_store(store_url())->get(scope, k);
+  // The record of key `k` in the proxy's default scope for `method_path` ("POST /pay") and
+  // `host`: SPEC §13 puts the host in it.
+  std::optional<Record> record(const std::string& method_path, const std::string& k,
+                               const std::string& host = "127.0.0.1") {
+    return open_store(store_url())->get(hosted(method_path, host), k);
+  }
+
+  static std::string hosted(const std::string& method_path, const std::string& host = "127.0.0.1") {
+    return "h" + std::to_string(host.size()) + ":" + host + " " + method_path;
   }
 
   // Sends the request again every 50 ms while it is answered 409 (a key held by a lease
@@ -326,7 +333,8 @@ TEST_F(ProxyTest, ReplayOfABinaryBodyIsByteExactThroughCurl) {
   auto proxy = start_proxy();
   const std::string k = key("k");
   std::vector<std::string> args = {"-X", "POST", "-H", "Idempotency-Key: \"" + k + "\"", "-H",
-                                   "X-Test-Body-Size: 300000", "--data-binary", "payload"};
+                                   "X-Test-Body-Size: 300000", "--data-binary", "payload", "-H",
+                                   "Host: 127.0.0.1"};
   Reply first = curl(dir_.path(), proxy->url() + "/blob", args);
   ASSERT_EQ(first.status, 200u) << first.error;
   EXPECT_EQ(first.body, binary_body(300000));
@@ -533,7 +541,7 @@ TEST_F(ProxyTest, LeaseLostWhileTheUpstreamWorksIsAnsweredUnrecorded) {
   Reply first;
   std::thread client = send_gated(proxy->port(), k, first);
   // An operator forgets the record while the upstream works: the proxy's lease is gone.
-  ASSERT_TRUE(open_store(store_url())->forget("POST /pay", k));
+  ASSERT_TRUE(open_store(store_url())->forget(hosted("POST /pay"), k));
   upstream_.open_gate(k);
   client.join();
   EXPECT_EQ(first.status, 200u) << first.error;
@@ -702,6 +710,120 @@ TEST_F(ProxyTest, CredentialsKeepClientsApart) {
   // The same session cookie is the same caller, whatever else the Cookie header holds.
   EXPECT_TRUE(as({{"Cookie", "session=carol; theme=light"}}).replayed());
   EXPECT_EQ(upstream_.executions_of(k), 4);
+}
+
+// ---------------------------------------------------------------------------------------
+// Safe by default.
+
+TEST_F(ProxyTest, RequestTrailersNeverBecomeHeaders) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  const std::string chunked =
+      "POST /pay HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+      "X-Test-Echo: 1\r\nTrailer: Idempotency-Key, Authorization, Host\r\nConnection: close\r\n"
+      "\r\n5\r\nhello\r\n0\r\nIdempotency-Key: " + k +
+      "\r\nAuthorization: Bearer smuggled\r\nHost: evil.example\r\n\r\n";
+  for (int i = 1; i <= 2; ++i) {
+    Reply r = raw_request(proxy->port(), chunked);
+    ASSERT_EQ(r.status, 200u) << r.error << r.body;
+    EXPECT_FALSE(r.replayed());
+    EXPECT_THAT(r.body, HasSubstr("body=5"));
+    EXPECT_THAT(r.body, AllOf(Not(HasSubstr("smuggled")), Not(HasSubstr("evil.example")),
+                              Not(HasSubstr(k))));
+  }
+  // The key in the trailer was no key: both ran, as requests without one.
+  EXPECT_EQ(upstream_.executions_of(k), 0);
+  EXPECT_EQ(upstream_.executions().size(), 2u);
+  EXPECT_FALSE(record("POST /pay", k).has_value());
+}
+
+TEST_F(ProxyTest, TwoHostLinesAre400) {
+  auto proxy = start_proxy();
+  Reply r = request(proxy->port(), "POST", "/pay",
+                    {{"Host", "a.example"}, {"Host", "b.example"}, {"Idempotency-Key", key("k")}});
+  EXPECT_EQ(r.status, 400u) << r.error << r.body;
+  EXPECT_THAT(r.body, HasSubstr("\"code\":\"bad-request\""));
+  EXPECT_TRUE(upstream_.executions().empty());
+}
+
+TEST_F(ProxyTest, VirtualHostsNeverShareRecords) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  auto as = [&](const std::string& host) {
+    return request(proxy->port(), "POST", "/pay", {{"Host", host}, {"Idempotency-Key", k}});
+  };
+  Reply a = as("a.example"), b = as("B.example");
+  EXPECT_FALSE(a.replayed());
+  EXPECT_FALSE(b.replayed());
+  EXPECT_NE(a.header("X-Execution"), b.header("X-Execution"));
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+  // Each host gets its own answer back; a host name's case does not matter.
+  Reply a_again = as("A.EXAMPLE");
+  EXPECT_TRUE(a_again.replayed());
+  EXPECT_EQ(a_again.header("X-Execution"), a.header("X-Execution"));
+  EXPECT_EQ(as("b.example").header("X-Execution"), b.header("X-Execution"));
+  EXPECT_TRUE(record("POST /pay", k, "a.example").has_value());
+  EXPECT_EQ(upstream_.executions_of(k), 2);
+}
+
+TEST_F(ProxyTest, AnAnswerThatSetsACookieIsNeverReplayedToARequestWithoutCredentials) {
+  auto proxy = start_proxy({}, "plain");
+  const std::string k = key("k");
+  Reply alice = request(proxy->port(), "POST", "/login",
+                        {{"Idempotency-Key", k}, {"Cookie", "session=alice"},
+                         {"X-Test-Set-Cookie", "session=alice-2"}});
+  ASSERT_EQ(alice.status, 200u) << alice.error;
+  EXPECT_EQ(alice.header("Set-Cookie"), std::string("session=alice-2"));
+  // Bob sends the same key with his own session: he must not get Alice's.
+  Reply bob = request(proxy->port(), "POST", "/login",
+                      {{"Idempotency-Key", k}, {"Cookie", "session=bob"},
+                       {"X-Test-Set-Cookie", "session=alice-2"}});
+  EXPECT_EQ(bob.status, 410u) << bob.error << bob.body;
+  EXPECT_THAT(bob.body, HasSubstr("\"code\":\"cookie-not-replayed\""));
+  EXPECT_FALSE(bob.header("Set-Cookie").has_value());
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+  EXPECT_TRUE(proxy->logged("--credential-cookie"));
+
+  // Named, the session cookie is a credential: each session gets its own answer.
+  auto named = start_proxy({"--credential-cookie", "session"}, "named");
+  const std::string k2 = key("k2");
+  auto login = [&](const std::string& who) {
+    return request(named->port(), "POST", "/login",
+                   {{"Idempotency-Key", k2}, {"Cookie", "session=" + who},
+                    {"X-Test-Set-Cookie", "session=" + who + "-2"}});
+  };
+  EXPECT_FALSE(login("alice").replayed());
+  Reply again = login("alice");
+  EXPECT_TRUE(again.replayed());
+  EXPECT_EQ(again.header("Set-Cookie"), std::string("session=alice-2"));
+  Reply other = login("bob");
+  EXPECT_FALSE(other.replayed());
+  EXPECT_EQ(other.header("Set-Cookie"), std::string("session=bob-2"));
+}
+
+TEST_F(ProxyStoreDownTest, ProblemAnswersShowNoInternalsButARequestIdTheLogExplains) {
+  auto proxy = start_proxy();
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("warm")}}).status,
+            200u);
+  SqliteWriteLock lock((dir_ / "idem.db").string());
+  Reply r = request(proxy->port(), "POST", "/pay",
+                    {{"Idempotency-Key", key("k")}, {"Authorization", "Bearer secret-token"},
+                     {"X-Request-Id", "req-7f3a"}});
+  EXPECT_EQ(r.status, 503u) << r.error << r.body;
+  for (const std::string& internal : {dir_.path().string(), std::string("sqlite"),
+                                      std::string("idem.db"), std::string("c:"),
+                                      std::string("secret-token")}) {
+    EXPECT_THAT(r.body, Not(HasSubstr(internal)));
+  }
+  EXPECT_THAT(r.body, HasSubstr("\"request_id\":\"req-7f3a\""));
+  EXPECT_EQ(r.header("X-Request-Id"), std::string("req-7f3a"));
+  EXPECT_TRUE(r.header("Date").has_value());
+  // The operator finds the cause under the same id.
+  EXPECT_TRUE(eventually([&] { return proxy->logged("req-7f3a"); }));
+  std::string log = proxy->log();
+  std::string line = log.substr(log.find("request req-7f3a"));
+  line = line.substr(0, line.find('\n'));
+  EXPECT_THAT(line, HasSubstr("idem.db"));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -66,6 +66,19 @@ TEST(ReadKey, LengthLimitIsSpecTenLimit) {
   EXPECT_THAT(k.why, HasSubstr("1025 bytes"));
 }
 
+TEST(ReadKey, AnotherHeaderNameAndTheUuidFormat) {
+  Request r = post("/pay");
+  r.set("PayPal-Request-Id", "8E03978E-40d5-43e8-bc93-6894a57f9324");
+  EXPECT_EQ(read_key(r).kind, KeyHeader::Kind::kAbsent);
+  KeyHeader k = read_key(r, "paypal-request-id", KeyFormat::kUuid);
+  ASSERT_EQ(k.kind, KeyHeader::Kind::kValid) << k.why;
+  r.set("PayPal-Request-Id", "order-7");
+  EXPECT_EQ(read_key(r, "PayPal-Request-Id", KeyFormat::kAny).kind, KeyHeader::Kind::kValid);
+  EXPECT_EQ(read_key(r, "PayPal-Request-Id", KeyFormat::kUuid).kind, KeyHeader::Kind::kMalformed);
+  r.set("PayPal-Request-Id", "8e03978e+40d5-43e8-bc93-6894a57f9324");
+  EXPECT_EQ(read_key(r, "PayPal-Request-Id", KeyFormat::kUuid).kind, KeyHeader::Kind::kMalformed);
+}
+
 TEST(ReadKey, TwoHeadersAreRefused) {
   Request r = with_key("a");
   r.insert(kKeyHeader, "b");
@@ -118,6 +131,32 @@ TEST(Scope, HeaderValueIsLengthPrefixedSoPartsCannotRunTogether) {
   r.set("X-Tenant", "acme corp");
   EXPECT_EQ(scope_of(r, o), "t9:acme corp payments");
   EXPECT_EQ(scope_of(post("/pay"), o), "payments");
+}
+
+TEST(Scope, HostIsInTheScopeLowerCasedAndLengthPrefixed) {
+  ProxyOptions o;
+  Request a = post("/pay");
+  a.set(http::field::host, "Shop.Example:8080");
+  EXPECT_EQ(scope_of(a, o), "h17:shop.example:8080 POST /pay");
+  Request b = post("/pay");
+  b.set(http::field::host, "other.example");
+  EXPECT_NE(scope_of(a, o), scope_of(b, o));
+  o.host_scope = false;
+  EXPECT_EQ(scope_of(a, o), "POST /pay");
+}
+
+TEST(Scope, CredentialsAreReportedOnlyWhenTheScopeHoldsThem) {
+  ProxyOptions o;
+  Request cookie_only = post("/pay");
+  cookie_only.set(http::field::cookie, "session=1");
+  EXPECT_FALSE(has_credentials(cookie_only, o));
+  o.credential_cookies = {"session"};
+  EXPECT_TRUE(has_credentials(cookie_only, o));
+  Request bearer = post("/pay");
+  bearer.set(http::field::authorization, "Bearer x");
+  EXPECT_TRUE(has_credentials(bearer, o));
+  o.credential_scope = false;
+  EXPECT_FALSE(has_credentials(bearer, o));
 }
 
 TEST(Scope, LongScopeBecomesADigestWithinTheLimit) {
@@ -265,12 +304,58 @@ TEST(Messages, RecordKeepsEndToEndHeadersInOrderAndReplayMarksIt) {
   EXPECT_EQ(replay.body(), "body");
 }
 
+TEST(Messages, UpstreamHeaderTellsWhoAskedAndThroughWhat) {
+  Request client = post("/pay");
+  client.set("X-Forwarded-For", "203.0.113.7");
+  client.set(http::field::via, "1.1 lb");
+  RequestHeader up = upstream_header(client, ClientInfo{"10.0.0.2", 5555, "req-1"});
+  EXPECT_EQ(up["X-Forwarded-For"], "203.0.113.7, 10.0.0.2");
+  EXPECT_EQ(up[http::field::forwarded], "for=10.0.0.2");
+  EXPECT_EQ(up[http::field::via], "1.1 lb, 1.1 idem");
+  EXPECT_EQ(up[kRequestIdHeader], "req-1");
+  RequestHeader v6 = upstream_header(post("/pay"), ClientInfo{"::1", 1, "r"});
+  EXPECT_EQ(v6[http::field::forwarded], "for=\"[::1]\"");
+}
+
+TEST(Messages, RequestIdsFromClientsAreCheckedAndNewOnesAreRandomHex) {
+  EXPECT_EQ(usable_request_id("abc-123"), std::optional<std::string>("abc-123"));
+  EXPECT_FALSE(usable_request_id(""));
+  EXPECT_FALSE(usable_request_id("has space"));
+  EXPECT_FALSE(usable_request_id(std::string(129, 'a')));
+  EXPECT_FALSE(usable_request_id("quote\""));
+  const std::string id = new_request_id();
+  EXPECT_EQ(id.size(), 32u);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(id, new_request_id());
+}
+
+TEST(Messages, HttpDateIsImfFixdate) {
+  EXPECT_EQ(http_date(std::chrono::system_clock::time_point(std::chrono::seconds(784111777))),
+            "Sun, 06 Nov 1994 08:49:37 GMT");
+}
+
+TEST(Messages, SetCookieIsFoundInARecordWhateverItsCase) {
+  RecordedResponse r;
+  r.headers = {{"Content-Type", "text/plain"}};
+  EXPECT_FALSE(sets_cookie(r));
+  r.headers.emplace_back("set-cookie", "a=1");
+  EXPECT_TRUE(sets_cookie(r));
+}
+
 TEST(Messages, ProblemIsProblemJson) {
   Response p = problem(409, "in-progress", "busy \xff");
   EXPECT_EQ(p[http::field::content_type], "application/problem+json");
   EXPECT_THAT(p.body(), HasSubstr("\"status\":409"));
   EXPECT_THAT(p.body(), HasSubstr("\"code\":\"in-progress\""));
   EXPECT_THAT(p.body(), HasSubstr("\"title\":\"Conflict\""));
+  EXPECT_THAT(p.body(), HasSubstr("\"type\":\"about:blank\""));
+  EXPECT_FALSE(p[http::field::date].empty());
+  Response named = problem(409, "in-progress", "busy",
+                           ProblemContext{"req-9", "https://api.example/problems/", {{"n", 7}}});
+  EXPECT_THAT(named.body(), HasSubstr("\"type\":\"https://api.example/problems/in-progress\""));
+  EXPECT_THAT(named.body(), HasSubstr("\"request_id\":\"req-9\""));
+  EXPECT_THAT(named.body(), HasSubstr("\"n\":7"));
+  EXPECT_EQ(named[kRequestIdHeader], "req-9");
 }
 
 TEST(Messages, RetryAfterRoundsUpToWholeSecondsAndIsAtLeastOne) {
