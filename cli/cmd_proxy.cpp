@@ -3,6 +3,7 @@
 // cli/proxy/.
 
 #include <fmt/core.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <limits>
@@ -54,6 +55,7 @@ struct ProxyArgs {
   std::size_t max_connections = 10'000;
   std::size_t upstream_connections = 64;
   bool access_log = false;
+  std::string problem_type_base;
 };
 
 template <typename F>
@@ -120,11 +122,44 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
   o.max_connections = a.max_connections;
   o.upstream_connections = a.upstream_connections;
   o.access_log = a.access_log;
+  if (!a.problem_type_base.empty() && a.problem_type_base.find(':') == std::string::npos) {
+    throw UsageError("--problem-type-base",
+                     "expected an absolute URL, such as https://api.example.com/problems/");
+  }
+  o.problem_type_base = a.problem_type_base;
   return o;
+}
+
+// Raises the soft limit on open files to the hard one (a proxy holds two descriptors per
+// request in flight), and says when even that is below what the connection limits need.
+void raise_open_files(const proxy::ProxyOptions& o) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t before = limit.rlim_cur;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    // An unlimited hard limit is still capped by the kernel (fs.nr_open).
+    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  if (limit.rlim_cur != before) {
+    print_error(kName, fmt::format("open files: raised the limit from {} to {}", before,
+                                   limit.rlim_cur));
+  }
+  const std::size_t needed = o.max_connections + o.upstream_connections + 64;
+  if (limit.rlim_cur < needed) {
+    print_error(kName,
+                fmt::format("warning: the open-file limit ({}) is below what --max-connections "
+                            "and --upstream-connections need ({}); connections beyond it fail. "
+                            "Raise it (ulimit -n, or LimitNOFILE= in a systemd unit), or lower "
+                            "--max-connections",
+                            limit.rlim_cur, needed));
+  }
 }
 
 int run_proxy(const ProxyArgs& args) {
   proxy::ProxyOptions options = to_options(args);
+  raise_open_files(options);
   proxy::Server server(options, open_cli_store(args.store, StoreAccess::kCreate),
                        [](const std::string& line) { print_error(kName, line); });
   try {
@@ -222,6 +257,10 @@ Command add_proxy_command(CLI::App& parent) {
       ->capture_default_str()
       ->type_name("N");
   app->add_flag("--access-log", a->access_log, "Log one line per request on stderr");
+  opt("--problem-type-base", a->problem_type_base,
+      "Problem answers' type: this URL followed by the problem's code (your API's "
+      "documentation of them), instead of about:blank")
+      ->type_name("URL");
   app->footer("Durations: 250ms, 30s, 5m. Sizes: 65536, 64KiB, 1MiB. See docs/proxy.md.");
   return Command{app, [a] { return run_proxy(*a); }};
 }

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "idem/executor.h"
@@ -63,10 +64,22 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   std::unordered_map<std::uint64_t, std::weak_ptr<Drainable>> live;  // guarded by live_mu
   std::uint64_t next_live = 0;                                       // guarded by live_mu
   std::size_t connections = 0;  // client connections among `live`; guarded by live_mu
+  std::atomic<std::int64_t> typical_us{0};
+  std::mutex held_mu;
+  std::unordered_map<std::string, SteadyClock::time_point> held;  // guarded by held_mu
   std::atomic<bool> draining{false};
   // Whether the log said once that answers setting cookies are not replayed.
   std::atomic<bool> warned_cookie{false};
   bool drained = false;  // guarded by live_mu
+
+  // What the proxy observes of its keyed requests, for the Retry-After of a 409 (a lease's
+  // time left says nothing of how long a request takes): a moving average of how long keyed
+  // requests took, and the keys whose lease was abandoned (held until it runs out).
+  void observe(SteadyClock::duration took);
+  void note_held(std::string_view scope, std::string_view key);
+  // How long a duplicate of (scope, key) should wait, given the holder's lease time left.
+  Duration retry_after_for(std::string_view scope, std::string_view key,
+                           Duration lease_remaining);
 
   // Registers a connection or a background exchange; returns its id for forget().
   std::uint64_t remember(const std::shared_ptr<Drainable>& d, bool connection);

@@ -279,7 +279,10 @@ void Exchange::fail(Failure failure, std::string detail) {
   release_connection(false);
   if (detached_) {
     // The late answer did not come whole: the outcome stays unknown.
-    if (handle_.active()) handle_.abandon();
+    if (handle_.active()) {
+      core_->note_held(handle_.scope(), handle_.key());
+      handle_.abandon();
+    }
     return end_background("held", "the late answer did not come whole: " + detail);
   }
   deliver(Status{failure, wrote_, false, std::move(detail)});
@@ -420,6 +423,7 @@ void Exchange::give_up(const Status& status, Settled done) {
   if (status.maybe_ran && !policy_->release_uncertain) {
     // SPEC §13: the upstream may have run it, or may be running it still. The key stays
     // held until the lease runs out; then the next attempt takes it over, marked stolen.
+    core_->note_held(handle_.scope(), handle_.key());
     handle_.abandon();
     return done("held");
   }

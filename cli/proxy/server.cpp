@@ -167,7 +167,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(core_->options.max_request_header));
     parser_->body_limit(core_->options.max_request_body);
-    stream_.expires_after(idle_ ? core_->options.idle_timeout : core_->options.client_timeout);
+    // --idle-timeout is for a kept-alive connection between requests; a new connection must
+    // bring its first request within --client-timeout, as a slow client's would.
+    stream_.expires_after(idle_ && served_ > 0 ? core_->options.idle_timeout
+                                               : core_->options.client_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
                               self->on_header(ec);
@@ -396,7 +399,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     Response res = refusal(409, "in-progress",
                            "a request with this idempotency key is in progress; retry after the "
                            "time in Retry-After");
-    res.set(http::field::retry_after, retry_after(busy.lease_remaining));
+    // What the proxy observes, not the lease's time left: a lease outlasts a short request
+    // by far. A key whose lease was abandoned frees up only when the lease runs out.
+    res.set(http::field::retry_after,
+            retry_after(core_->retry_after_for(scope_, key_, busy.lease_remaining)));
     answer(std::move(res));
   }
 
@@ -410,6 +416,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(), std::move(head),
                                            repeatable);
     exchange_->set_label(client_.request_id);
+    forwarded_at_ = SteadyClock::now();
     if (keyed) exchange_->hold(std::move(handle_), *policy_);
     exchange_->send(std::move(req_.body()),
                     [self = shared_from_this()](Exchange::Status s) { self->on_head(s); });
@@ -446,6 +453,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
                  "410 cookie-not-replayed. Name the session cookie with --credential-cookie");
     }
     exchange_->settle([self = shared_from_this()](std::string outcome) {
+      self->core_->observe(SteadyClock::now() - self->forwarded_at_);
       if (outcome != "recorded" && outcome != "released") {
         self->res_.set(kNotRecordedHeader, outcome == "store-too-large" ? "too-large" : outcome);
       }
@@ -558,6 +566,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
       self->writing_ = false;
       if (ec || !self->res_.keep_alive()) return self->close();
+      ++self->served_;
       self->req_ = {};
       self->res_ = {};
       self->keyed_ = false;
@@ -604,10 +613,13 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   bool keyed_ = false;
   AttemptHandle<> handle_;
   std::shared_ptr<Exchange> exchange_;
+  SteadyClock::time_point forwarded_at_{};
   std::optional<SteadyClock::time_point> wait_deadline_;
   Duration poll_ = kFirstPoll;
   std::string outcome_;
 
+  // Requests answered on this connection.
+  std::uint64_t served_ = 0;
   // Waiting for the next request with nothing read yet (a drain may close it).
   bool idle_ = false;
   bool writing_ = false;
@@ -634,6 +646,54 @@ void refuse_connection(tcp::socket socket) {
 }
 
 }  // namespace
+
+namespace {
+
+// Keys abandoned recently, at most: beyond it a 409 for such a key says only what a request
+// usually takes (the duplicate then simply asks again sooner).
+constexpr std::size_t kMaxHeldKeys = 100'000;
+
+std::string held_id(std::string_view scope, std::string_view key) {
+  std::string id(scope);
+  id += '\0';
+  id += key;
+  return id;
+}
+
+}  // namespace
+
+void Server::Core::observe(SteadyClock::duration took) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(took).count();
+  // An exponentially weighted average (1/8 per sample); a lost update under a race only
+  // skips a sample.
+  const std::int64_t old = typical_us.load(std::memory_order_relaxed);
+  typical_us.store(old == 0 ? us : old + (us - old) / 8, std::memory_order_relaxed);
+}
+
+void Server::Core::note_held(std::string_view scope, std::string_view key) {
+  const auto now = SteadyClock::now();
+  std::lock_guard<std::mutex> lock(held_mu);
+  if (held.size() >= kMaxHeldKeys) {
+    std::erase_if(held, [now](const auto& entry) { return entry.second <= now; });
+    if (held.size() >= kMaxHeldKeys) return;
+  }
+  held[held_id(scope, key)] = now + options.lease;
+}
+
+Duration Server::Core::retry_after_for(std::string_view scope, std::string_view key,
+                                       Duration lease_remaining) {
+  {
+    std::lock_guard<std::mutex> lock(held_mu);
+    auto it = held.find(held_id(scope, key));
+    if (it != held.end()) {
+      if (it->second > SteadyClock::now()) return lease_remaining;  // it frees up then
+      held.erase(it);
+    }
+  }
+  const auto typical = std::chrono::ceil<Duration>(
+      std::chrono::microseconds(typical_us.load(std::memory_order_relaxed)));
+  return std::clamp(typical, Duration{1000}, std::max(lease_remaining, Duration{1000}));
+}
 
 std::uint64_t Server::Core::remember(const std::shared_ptr<Drainable>& d, bool connection) {
   std::lock_guard<std::mutex> lock(live_mu);

@@ -1,6 +1,8 @@
 #include "harness.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -188,10 +190,12 @@ void Upstream::restart() {
 
 ProxyProcess::ProxyProcess(const fs::path& dir, const std::string& name,
                            const std::string& upstream_url, const std::string& store_url,
-                           const std::vector<std::string>& options)
+                           const std::vector<std::string>& options,
+                           const std::vector<std::string>& wrapper)
     : err_(dir / (name + ".err")) {
-  std::vector<std::string> argv = {IDEM_BINARY, "proxy", "--listen", "127.0.0.1:0", "--upstream",
-                                   upstream_url, "--store", store_url, "--access-log"};
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {IDEM_BINARY, "proxy", "--listen", "127.0.0.1:0", "--upstream",
+                           upstream_url, "--store", store_url, "--access-log"});
   argv.insert(argv.end(), options.begin(), options.end());
   child_ = std::make_unique<Child>(argv, dir / (name + ".out"), err_);
   const std::string marker = "listening on 127.0.0.1:";
@@ -308,6 +312,19 @@ Reply raw_request(std::uint16_t port, const std::string& bytes) {
     reply.error = e.what();
     return reply;
   }
+}
+
+std::string idle_connection_ends(std::uint16_t port, std::chrono::seconds bound) {
+  asio::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  // poll(2) rather than a timed read: Asio's blocking reads take no timeout.
+  pollfd p{socket.native_handle(), POLLIN, 0};
+  const int ready = ::poll(&p, 1, static_cast<int>(bound.count() * 1000));
+  if (ready == 0) return "still open after " + std::to_string(bound.count()) + " s";
+  char byte = 0;
+  const ssize_t n = ::recv(socket.native_handle(), &byte, 1, 0);
+  return n == 0 ? "end of file" : n < 0 ? std::string(std::strerror(errno)) : "a byte arrived";
 }
 
 bool refuses_connections(std::uint16_t port) {

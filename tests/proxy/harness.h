@@ -94,8 +94,10 @@ class Upstream {
 // `idem proxy` as a process, listening on a free port.
 class ProxyProcess {
  public:
+  // `wrapper`: a command that runs the proxy (prlimit, say), in front of it on the line.
   ProxyProcess(const fs::path& dir, const std::string& name, const std::string& upstream_url,
-               const std::string& store_url, const std::vector<std::string>& options);
+               const std::string& store_url, const std::vector<std::string>& options,
+               const std::vector<std::string>& wrapper = {});
   std::uint16_t port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   void signal(int sig) const { child_->signal(sig); }
@@ -152,6 +154,10 @@ Reply request(std::uint16_t port, const std::string& method, const std::string& 
 // Writes `bytes` as they are on a connection of its own and reads one answer: for requests
 // a well-behaved client would never build (two Host lines, a chunked body with a trailer).
 Reply raw_request(std::uint16_t port, const std::string& bytes);
+
+// Connects, sends nothing, and waits up to `bound` for the server to close the connection;
+// returns how the wait ended ("end of file" when it closed).
+std::string idle_connection_ends(std::uint16_t port, std::chrono::seconds bound);
 
 // Whether a TCP connection to the port is refused.
 bool refuses_connections(std::uint16_t port);

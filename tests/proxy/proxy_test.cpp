@@ -66,8 +66,10 @@ class ProxyTest : public ::testing::Test {
   virtual std::string store_url() { return "sqlite://" + (dir_ / "idem.db").string(); }
 
   std::unique_ptr<ProxyProcess> start_proxy(const std::vector<std::string>& options = {},
-                                            const std::string& name = "proxy") {
-    return std::make_unique<ProxyProcess>(dir_.path(), name, upstream_.url(), store_url(), options);
+                                            const std::string& name = "proxy",
+                                            const std::vector<std::string>& wrapper = {}) {
+    return std::make_unique<ProxyProcess>(dir_.path(), name, upstream_.url(), store_url(), options,
+                                          wrapper);
   }
 
   // A key no other test (or run, on a shared server) uses.
@@ -824,6 +826,76 @@ TEST_F(ProxyStoreDownTest, ProblemAnswersShowNoInternalsButARequestIdTheLogExpla
   std::string line = log.substr(log.find("request req-7f3a"));
   line = line.substr(0, line.find('\n'));
   EXPECT_THAT(line, HasSubstr("idem.db"));
+}
+
+// ---------------------------------------------------------------------------------------
+// The smaller findings.
+
+TEST_F(ProxyTest, RetryAfterSaysWhatRequestsTakeUnlessTheKeyIsHeldUntilItsLeaseRunsOut) {
+  auto proxy = start_proxy({"--lease", "60s", "--problem-type-base", "https://api.example/problems/"});
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("warm")}}).status, 200u);
+  const std::string k = key("k");
+  Reply first;
+  std::thread owner = send_gated(proxy->port(), k, first);
+  Reply dup = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}});
+  ASSERT_EQ(dup.status, 409u) << dup.error << dup.body;
+  // Requests here take milliseconds: a minute of lease says nothing of when to retry.
+  EXPECT_EQ(dup.header("Retry-After"), std::string("1"));
+  EXPECT_THAT(dup.body, HasSubstr("\"type\":\"https://api.example/problems/in-progress\""));
+  upstream_.open_gate(k);
+  owner.join();
+
+  // A key held after an uncertain outcome frees up only when its lease runs out.
+  const std::string held = key("held");
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}, {"X-Test-Cut", "10"}})
+                .status,
+            502u);
+  Reply wait = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}});
+  ASSERT_EQ(wait.status, 409u);
+  EXPECT_GE(std::stoi(wait.header("Retry-After").value_or("0")), 30);
+}
+
+TEST_F(ProxyTest, FirstRequestOnAConnectionIsBoundedByTheClientTimeoutNotTheIdleTimeout) {
+  auto proxy = start_proxy({"--client-timeout", "300ms", "--idle-timeout", "60s"});
+  // A client that connects and says nothing is dropped after --client-timeout; with the idle
+  // timeout it would still be open when this wait gives up.
+  EXPECT_EQ(idle_connection_ends(proxy->port(), std::chrono::seconds(20)), "end of file");
+}
+
+TEST_F(ProxyTest, OpenFileLimitIsRaisedAndAWarningSaysWhenItIsStillTooLow) {
+  auto proxy = start_proxy({"--max-connections", "1000"}, "limited",
+                           {"/usr/bin/prlimit", "--nofile=64:128", "--"});
+  EXPECT_TRUE(proxy->logged("open files: raised the limit from 64 to 128"));
+  EXPECT_TRUE(proxy->logged("warning: the open-file limit (128) is below"));
+  EXPECT_EQ(request(proxy->port(), "GET", "/ping").status, 200u);
+}
+
+TEST_F(ProxyTest, IdemShowDecodesARecordedAnswer) {
+  auto proxy = start_proxy({"--max-record", "1KiB"});
+  const std::string k = key("k"), big = key("big");
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}).status, 200u);
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay",
+                    {{"Idempotency-Key", big}, {"X-Test-Body-Size", "5000"}})
+                .status,
+            200u);
+  auto show = [&](const std::string& which, const std::vector<std::string>& more) {
+    std::vector<std::string> argv = {IDEM_BINARY, "show", "--store", store_url(), "--scope",
+                                     hosted("POST /pay"), "--key", which};
+    argv.insert(argv.end(), more.begin(), more.end());
+    const fs::path out = dir_ / ("show." + which), err = dir_ / ("show.err." + which);
+    const int status = run(argv, out, err);
+    return std::make_pair(status, read_file(out) + read_file(err));
+  };
+  auto [status, text] = show(k, {});
+  EXPECT_EQ(status, 0) << text;
+  EXPECT_THAT(text, AllOf(HasSubstr("\"format\": \"idem-proxy/1\""), HasSubstr("\"status\": 200"),
+                          HasSubstr("\"X-Execution\""), HasSubstr("\"body_recorded\": true")));
+  auto [payload_status, body] = show(k, {"--payload"});
+  EXPECT_EQ(payload_status, 0);
+  EXPECT_THAT(body, HasSubstr("execution=1 "));
+  auto [marker_status, marker] = show(big, {});
+  EXPECT_EQ(marker_status, 0);
+  EXPECT_THAT(marker, AllOf(HasSubstr("\"body_bytes\": 5000"), HasSubstr("\"body_recorded\": false")));
 }
 
 // ---------------------------------------------------------------------------------------
