@@ -69,6 +69,46 @@ void Exchange::send(std::string body, Done done) {
       });
 }
 
+void Exchange::open(std::optional<std::uint64_t> length, Done done) {
+  streamed_ = length;
+  send(std::string(), std::move(done));
+}
+
+void Exchange::send_piece(const char* data, std::size_t size, bool last, Done done) {
+  on_done_ = std::move(done);
+  phase_ = Phase::kWriting;
+  arm(SteadyClock::now() + core_->options.upstream_timeout);
+  auto& body = request_->body();
+  body.data = size == 0 ? nullptr : const_cast<char*>(data);
+  body.size = size;
+  body.more = !last;
+  http::async_write(conn_->socket, *writer_,
+                    asio::bind_executor(strand_, [self = shared_from_this(), last](
+                                                     beast::error_code ec, std::size_t n) {
+                      if (ec == http::error::need_buffer) ec = {};
+                      if (n > 0) self->wrote_ = true;
+                      if (ec) {
+                        if (self->cancelled_) {
+                          return self->fail(Failure::kCancelled, "the exchange was cancelled");
+                        }
+                        if (self->timed_out_) {
+                          return self->fail(Failure::kTimeout,
+                                            "the upstream did not take the request body in time");
+                        }
+                        return self->fail(Failure::kBroken,
+                                          "the upstream connection broke while the request body "
+                                          "was written: " + ec.message());
+                      }
+                      if (!last) {
+                        self->disarm();
+                        return self->deliver(Status{});
+                      }
+                      // The answer's header is due within upstream_timeout of the last piece.
+                      self->arm(SteadyClock::now() + self->core_->options.upstream_timeout);
+                      self->start_read_head();
+                    }));
+}
+
 void Exchange::on_connection(std::unique_ptr<Connection> conn) {
   waiter_.reset();
   if (phase_ != Phase::kQueued || cancelled_ || timed_out_) {
@@ -113,17 +153,36 @@ void Exchange::connect() {
 void Exchange::write() {
   phase_ = Phase::kWriting;
   request_.emplace(head_);
-  const bool has_body = !body_.empty() || head_.method() == http::verb::post ||
-                        head_.method() == http::verb::put || head_.method() == http::verb::patch;
-  if (has_body) request_->content_length(body_.size());
-  request_->body().data = body_.empty() ? nullptr : body_.data();
-  request_->body().size = body_.size();
-  request_->body().more = false;
+  if (streamed_) {
+    // The header now; the body as it comes.
+    if (*streamed_) {
+      request_->content_length(**streamed_);
+    } else {
+      request_->chunked(true);
+    }
+    request_->body().data = nullptr;
+    request_->body().size = 0;
+    request_->body().more = true;
+  } else {
+    const bool has_body = !body_.empty() || head_.method() == http::verb::post ||
+                          head_.method() == http::verb::put ||
+                          head_.method() == http::verb::patch;
+    if (has_body) request_->content_length(body_.size());
+    request_->body().data = body_.empty() ? nullptr : body_.data();
+    request_->body().size = body_.size();
+    request_->body().more = false;
+  }
   writer_.emplace(*request_);
   http::async_write(conn_->socket, *writer_,
                     asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec,
                                                                              std::size_t n) {
+                      if (ec == http::error::need_buffer) ec = {};
                       if (n > 0) self->wrote_ = true;
+                      if (!ec && self->streamed_) {
+                        // The header went out; the session sends the body.
+                        self->disarm();
+                        return self->deliver(Status{});
+                      }
                       if (!ec) return self->start_read_head();
                       if (self->cancelled_) {
                         return self->fail(Failure::kCancelled, "the exchange was cancelled");
@@ -354,6 +413,11 @@ void Exchange::detach() {
 void Exchange::begin_recording() {
   record_ = to_record(head());
   recording_ = !releases(record_.status, *policy_);
+  // An announced length already says whether the body fits in the record.
+  if (auto length = parser_->content_length();
+      recording_ && length && encoded_size(record_) + *length > policy_->max_record) {
+    too_large_ = true;
+  }
 }
 
 void Exchange::keep(std::string_view piece) {
@@ -413,6 +477,16 @@ void Exchange::settle(Settled done) {
   });
 }
 
+void Exchange::finish_alone() {
+  if (!handle_.active() || detached_) return;
+  detached_ = true;
+  on_done_ = nullptr;
+  on_piece_ = nullptr;
+  background_id_ = core_->remember(shared_from_this(), /*connection=*/false);
+  // Between two pieces no read is pending: the next one starts here.
+  if (phase_ == Phase::kBody) start_read_piece();
+}
+
 void Exchange::settle_as_marker(Settled done) {
   if (recording_) too_large_ = true;
   settle(std::move(done));
@@ -439,14 +513,14 @@ void Exchange::background_piece(const Status&, bool last) {
   if (!last) return start_read_piece();
   disarm();
   settle([self = shared_from_this()](std::string outcome) {
-    self->end_background(std::move(outcome), "the late answer came");
+    self->end_background(std::move(outcome), "the answer came whole");
   });
 }
 
 void Exchange::end_background(std::string outcome, const std::string& why) {
   disarm();
   if (background_id_ == 0) return;
-  core_->log("late answer for request " + label_ + ": " + why + "; the record is " +
+  core_->log("request " + label_ + ", read on alone: " + why + "; the record is " +
              (outcome == "held" ? std::string("held until its lease runs out")
                                 : "now " + outcome));
   core_->forget(background_id_, /*connection=*/false);

@@ -82,17 +82,32 @@ class Exchange : public Drainable, public std::enable_shared_from_this<Exchange>
 
   // Gets a connection (connecting a new one, or reusing a kept-alive one), writes the header
   // and the whole `body`, and reads the answer's header (interim 1xx answers skipped):
-  // head() then holds it.
+  // head() then holds it. The answer's header must come within upstream_timeout of send().
   void send(std::string body, Done done);
+  // The same for a body that streams in from the client: open() gets a connection and writes
+  // the header (`length`: the client's Content-Length; none: chunked); then send_piece() writes
+  // each piece, the last one with `last`, after which the answer's header is read as for
+  // send(). Each piece must be taken within upstream_timeout, and the answer's header come
+  // within upstream_timeout of the last piece. `data` stays the caller's until `done`.
+  void open(std::optional<std::uint64_t> length, Done done);
+  void send_piece(const char* data, std::size_t size, bool last, Done done);
   const ResponseHeader& head() const { return parser_->get().base(); }
   // Whether the answer's body has been read to its end (or it has none).
   bool done() const { return parser_ && parser_->is_done(); }
   // Reads some of the body; `piece` stays valid until the next call. `last`: the body ended.
   void read_piece(PieceDone done);
 
+  // Keyed: whether the answer will be recorded as a marker (its Content-Length says it is
+  // too large already, or its body grew past the policy's max_record).
+  bool too_large() const { return too_large_; }
+
   // Keyed, after the last piece: records the answer (or a marker), or releases the record
   // when its status says the request did not run.
   void settle(Settled done);
+  // Keyed, the client went away while the answer streamed: the exchange reads the rest alone
+  // (bounded by upstream_timeout between pieces) and decides the record, so the client's
+  // retry finds it.
+  void finish_alone();
   // Keyed, after a failure the session answered itself: releases when nothing can have run
   // (or the policy releases uncertain outcomes), else abandons the lease.
   void give_up(const Status& status, Settled done);
@@ -138,6 +153,8 @@ class Exchange : public Drainable, public std::enable_shared_from_this<Exchange>
   std::uint64_t timer_generation_ = 0;
   RequestHeader head_;
   std::string body_;
+  // Streamed: the client's Content-Length, or none for chunked; unset for a whole body.
+  std::optional<std::optional<std::uint64_t>> streamed_;
   const bool repeatable_;
   SteadyClock::time_point started_{};
 

@@ -71,7 +71,7 @@ KeyHeader malformed(std::string why) {
 }
 
 // The value of the named cookie in the request's Cookie headers, if any.
-std::optional<std::string_view> cookie(const Request& request, std::string_view name) {
+std::optional<std::string_view> cookie(const RequestHeader& request, std::string_view name) {
   std::optional<std::string_view> found;
   for_each_value(request, http::field::cookie, [&](std::string_view rest) {
     while (!rest.empty() && !found) {
@@ -92,7 +92,7 @@ std::string_view path_of(std::string_view target) {
 }
 
 // The credentials that identify the caller (docs/proxy.md, "Identity"), or "" for none.
-std::string credentials_of(const Request& request, const ProxyOptions& options) {
+std::string credentials_of(const RequestHeader& request, const ProxyOptions& options) {
   std::string credentials;
   if (!options.credential_scope) return credentials;
   for_each_value(request, http::field::authorization, [&](std::string_view value) {
@@ -129,7 +129,7 @@ std::string sha256_hex(std::string_view bytes) {
   return digest.hex();
 }
 
-KeyHeader read_key(const Request& request, std::string_view header, KeyFormat format) {
+KeyHeader read_key(const RequestHeader& request, std::string_view header, KeyFormat format) {
   auto range = request.equal_range(header);
   if (range.first == range.second) return {};
   if (std::next(range.first) != range.second) {
@@ -183,15 +183,15 @@ KeyHeader read_key(const Request& request, std::string_view header, KeyFormat fo
   return KeyHeader{KeyHeader::Kind::kValid, std::move(key), {}};
 }
 
-std::string scope_of(const Request& request, const ProxyOptions& options) {
+std::string scope_of(const RequestHeader& request, const ProxyOptions& options) {
   return scope_of(request, options, options.policy);
 }
 
-bool has_credentials(const Request& request, const ProxyOptions& options) {
+bool has_credentials(const RequestHeader& request, const ProxyOptions& options) {
   return !credentials_of(request, options).empty();
 }
 
-std::string scope_of(const Request& request, const ProxyOptions& options,
+std::string scope_of(const RequestHeader& request, const ProxyOptions& options,
                      const Policy& policy) {
   std::string scope;
   if (!options.scope_header.empty()) {
@@ -226,11 +226,12 @@ std::string scope_of(const Request& request, const ProxyOptions& options,
   return scope;
 }
 
-std::string fingerprint_of(const Request& request, const ProxyOptions& options) {
+std::string fingerprint_of(const RequestHeader& request, std::string_view body,
+                           const ProxyOptions& options) {
   Sha256 digest;
   digest.add_field(request.method_string());
   digest.add_field(request.target());
-  digest.add_field(request.body());
+  digest.add_field(body);
   for (const std::string& name : options.fingerprint_headers) {
     std::string values;
     for_each_value(request, name, [&](std::string_view value) {

@@ -16,6 +16,7 @@
 namespace idem::proxy {
 
 using Request = boost::beast::http::request<boost::beast::http::string_body>;
+using RequestHeader = boost::beast::http::request_header<>;
 
 // Calls f(value) for each header named `name`, in order.
 template <typename Fields, typename Name, typename F>
@@ -44,7 +45,7 @@ struct KeyHeader {
 // key, a key longer than SPEC §10's 1024 bytes, a broken string, anything after the closing
 // quote but whitespace, or a key that is not of `format`. The reasons are fixed texts (no
 // byte of the request in them), fit to show the client.
-KeyHeader read_key(const Request& request, std::string_view header = kKeyHeader,
+KeyHeader read_key(const RequestHeader& request, std::string_view header = kKeyHeader,
                    KeyFormat format = KeyFormat::kAny);
 
 // The scope a keyed request's record lives in (docs/proxy.md, "Identity"):
@@ -57,17 +58,21 @@ KeyHeader read_key(const Request& request, std::string_view header = kKeyHeader,
 // keeps virtual hosts apart. The length prefixes and the fixed-size digest keep the parts
 // apart whatever a header holds. A scope longer than SPEC §10's 255 bytes becomes "sha256:"
 // and the digest of the long form.
-std::string scope_of(const Request& request, const ProxyOptions& options,
+std::string scope_of(const RequestHeader& request, const ProxyOptions& options,
                      const Policy& policy);
-std::string scope_of(const Request& request, const ProxyOptions& options);
+std::string scope_of(const RequestHeader& request, const ProxyOptions& options);
 
 // Whether scope_of puts a digest of the request's credentials in its scope (SPEC §13: an
 // answer that sets a cookie is replayed only to a request whose scope holds one).
-bool has_credentials(const Request& request, const ProxyOptions& options);
+bool has_credentials(const RequestHeader& request, const ProxyOptions& options);
 
 // The request's fingerprint: SHA-256 over the method, target, body and the values of the
 // headers named in the options, each length-prefixed (so no two requests share an
 // encoding), as 64 hex characters.
-std::string fingerprint_of(const Request& request, const ProxyOptions& options);
+std::string fingerprint_of(const RequestHeader& request, std::string_view body,
+                           const ProxyOptions& options);
+inline std::string fingerprint_of(const Request& request, const ProxyOptions& options) {
+  return fingerprint_of(request, request.body(), options);
+}
 
 }  // namespace idem::proxy

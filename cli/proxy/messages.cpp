@@ -133,6 +133,22 @@ void prepare_for_client(Response& res, const RequestHeader& req, bool close) {
   }
 }
 
+void prepare_streamed(StreamedResponse& res, const RequestHeader& req, bool close) {
+  const bool has_length = res.find(http::field::content_length) != res.end();
+  strip_hop_by_hop(res);
+  res.version(req.version());
+  if (bodiless(res.result_int())) {
+    res.erase(http::field::content_length);
+  } else if (req.method() != http::verb::head && !has_length) {
+    if (req.version() >= 11) {
+      res.chunked(true);
+    } else {
+      close = true;  // the end of the connection ends the body
+    }
+  }
+  res.keep_alive(!close && keep_alive_of(req));
+}
+
 bool releases(unsigned status, const Policy& policy) {
   return std::any_of(policy.release_statuses.begin(), policy.release_statuses.end(),
                      [status](const StatusRange& r) { return r.contains(status); });

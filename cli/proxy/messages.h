@@ -3,6 +3,7 @@
 // The HTTP messages the proxy builds and edits: what is forwarded upstream, what is
 // recorded and replayed, and the problem answers (RFC 9457) it gives itself.
 
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <chrono>
@@ -77,6 +78,14 @@ bool keep_alive_of(const RequestHeader& req);
 // the body except where the status or a HEAD request forbid a body (the upstream's
 // Content-Length then stays).
 void prepare_for_client(Response& res, const RequestHeader& req, bool close);
+
+using StreamedResponse = boost::beast::http::response<boost::beast::http::buffer_body>;
+
+// Makes the header of an upstream answer that is passed on as it arrives fit to send to the
+// client of `req`: hop-by-hop headers removed, the client's HTTP version, and a framing the
+// client can read: the upstream's Content-Length when it gave one, else chunked for an
+// HTTP/1.1 client, else the end of the connection (`close` then holds).
+void prepare_streamed(StreamedResponse& res, const RequestHeader& req, bool close);
 
 // Whether an upstream status releases the record instead of completing it.
 bool releases(unsigned status, const Policy& policy);

@@ -10,6 +10,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
@@ -18,6 +19,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -109,6 +111,12 @@ Server::Core::Core(ProxyOptions opts, std::shared_ptr<Store> store,
 
 // One client connection. Its steps run one at a time on the connection's strand; store
 // calls go to the store pool and come back to the strand.
+//
+// A request with a key is read whole (its body joins the fingerprint) and goes through the
+// executor; any other request streams to the upstream as it arrives. Either way the answer
+// streams back to the client as it arrives; for a keyed request the end of the answer goes
+// out only once it is recorded, so a client that saw the whole answer always finds the
+// record (SPEC §13).
 class Session : public Drainable, public std::enable_shared_from_this<Session> {
  public:
   Session(std::shared_ptr<Core> core, tcp::socket socket)
@@ -159,6 +167,9 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // The most of a request body read at once.
+  static constexpr std::size_t kPieceBytes = 64 * 1024;
+
   // ---- reading a request ----
 
   void read_request() {
@@ -166,7 +177,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     idle_ = buffer_.size() == 0;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(core_->options.max_request_header));
-    parser_->body_limit(core_->options.max_request_body);
+    // A streamed body has no limit; a keyed one gets max_request_body below. (The largest
+    // limit rather than none: Boost 1.74 compares a Content-Length with an unset limit as
+    // larger than it.)
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     // --idle-timeout is for a kept-alive connection between requests; a new connection must
     // bring its first request within --client-timeout, as a slow client's would.
     stream_.expires_after(idle_ && served_ > 0 ? core_->options.idle_timeout
@@ -182,54 +196,126 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     if (ec) return on_read_error(ec);
     started_ = SteadyClock::now();
     stream_.expires_after(core_->options.client_timeout);
-    const auto& header = parser_->get();
-    auto id = header.find(kRequestIdHeader);
+    // The header as it is now is the request's: a chunked body's trailer, which the parser
+    // would merge into it, never counts (a second Host, an Authorization, a key in it).
+    head_ = parser_->get().base();
+    auto id = head_.find(kRequestIdHeader);
     std::optional<std::string> given =
-        id == header.end() ? std::nullopt : usable_request_id(id->value());
+        id == head_.end() ? std::nullopt : usable_request_id(id->value());
     client_.request_id = given ? std::move(*given) : new_request_id();
     // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host line; two could send a virtual
     // host's record to another, or confuse the upstream about which host was asked.
-    const std::size_t hosts = header.count(http::field::host);
-    if (hosts > 1 || (hosts == 0 && header.version() >= 11)) {
+    const std::size_t hosts = head_.count(http::field::host);
+    if (hosts > 1 || (hosts == 0 && head_.version() >= 11)) {
       outcome_ = "refused";
       return answer_and_close(refusal(400, "bad-request",
                                       hosts > 1 ? "the request has more than one Host header"
                                                 : "the request has no Host header"));
     }
-    if (beast::iequals(header[http::field::expect], "100-continue") && !parser_->is_done()) {
-      if (auto length = parser_->content_length();
-          length && *length > core_->options.max_request_body) {
-        return refuse_body_too_large();
-      }
-      // The client waits for this before sending the body (RFC 9110 §10.1.1).
-      auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
-                                                                     header.version());
-      return http::async_write(stream_, *cont,
-                               [self = shared_from_this(), cont](beast::error_code ec, std::size_t) {
-                                 if (ec) return self->close();
-                                 self->read_body();
-                               });
+
+    const std::string_view target = head_.target();
+    policy_ = &policy_for(core_->options, target.substr(0, target.find('?')));
+    const auto& methods = policy_->methods;
+    const bool keyed_method =
+        policy_->protect &&
+        std::find(methods.begin(), methods.end(), head_.method_string()) != methods.end();
+    if (!keyed_method) return stream_request();
+    KeyHeader key = read_key(head_, core_->options.key_header, policy_->key_format);
+    switch (key.kind) {
+      case KeyHeader::Kind::kAbsent:
+        if (!policy_->require_key) return stream_request();
+        outcome_ = "refused";
+        return refuse_before_body(refusal(400, "missing-key",
+                                          "this endpoint requires an idempotency key header (" +
+                                              core_->options.key_header + ")"));
+      case KeyHeader::Kind::kMalformed:
+        outcome_ = "refused";
+        return refuse_before_body(refusal(400, "bad-key", key.why));
+      case KeyHeader::Kind::kValid:
+        break;
     }
-    read_body();
+    key_ = std::move(key.key);
+    keyed_ = true;
+    // A keyed request is read whole, within max_request_body: its body joins the fingerprint.
+    if (auto length = parser_->content_length();
+        length && *length > core_->options.max_request_body) {
+      return refuse_body_too_large();
+    }
+    parser_->body_limit(core_->options.max_request_body);
+    continue_then([self = shared_from_this()] { self->read_whole_body(); });
   }
 
-  void read_body() {
-    // The fields of a chunked body's trailer are merged into the header by the parser. They
-    // must never act as headers (a second Host, an Authorization, an idempotency key), so
-    // the header as it was before the body is what counts, and the trailer is dropped.
-    std::optional<RequestHeader> before;
-    if (parser_->chunked()) before.emplace(parser_->get().base());
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this(), before = std::move(before)](
-                         beast::error_code ec, std::size_t) mutable {
-                       if (ec) return self->on_read_error(ec);
-                       self->req_ = self->parser_->release();
-                       if (before) self->req_.base() = std::move(*before);
-                       self->handle_request();
-                     });
+  // Answers Expect: 100-continue (RFC 9110 §10.1.1), then goes on.
+  template <typename F>
+  void continue_then(F&& next) {
+    if (!beast::iequals(head_[http::field::expect], "100-continue") || parser_->is_done()) {
+      return next();
+    }
+    auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                   head_.version());
+    http::async_write(stream_, *cont,
+                      [self = shared_from_this(), cont, next = std::forward<F>(next)](
+                          beast::error_code ec, std::size_t) mutable {
+                        if (ec) return self->close();
+                        next();
+                      });
+  }
+
+  // Reads some of the request body into in_; `then(size, last)`.
+  template <typename F>
+  void read_body_piece(F&& then) {
+    if (parser_->is_done()) return then(std::size_t{0}, true);
+    if (!in_) in_.reset(new char[kPieceBytes]);
+    auto& body = parser_->get().body();
+    body.data = in_.get();
+    body.size = kPieceBytes;
+    stream_.expires_after(core_->options.client_timeout);
+    http::async_read_some(stream_, buffer_, *parser_,
+                          [self = shared_from_this(), then = std::forward<F>(then)](
+                              beast::error_code ec, std::size_t) mutable {
+                            if (ec == http::error::need_buffer) ec = {};
+                            if (ec) return self->on_read_error(ec);
+                            const std::size_t got = kPieceBytes - self->parser_->get().body().size;
+                            const bool last = self->parser_->is_done();
+                            if (got == 0 && !last) return self->read_body_piece(std::move(then));
+                            then(got, last);
+                          });
+  }
+
+  void read_whole_body() {
+    read_body_piece([self = shared_from_this()](std::size_t got, bool last) {
+      self->body_.append(self->in_.get(), got);
+      if (!last) return self->read_whole_body();
+      self->handle_keyed();
+    });
+  }
+
+  // A refusal decided from the header alone: the body is read and dropped first so the
+  // connection stays usable, unless it is too large (or the client waits for a 100).
+  void refuse_before_body(Response res) {
+    const auto length = parser_->content_length();
+    if (beast::iequals(head_[http::field::expect], "100-continue") ||
+        (length && *length > core_->options.max_request_body)) {
+      return answer_and_close(std::move(res));
+    }
+    parser_->body_limit(core_->options.max_request_body);
+    drop_body(std::make_shared<Response>(std::move(res)));
+  }
+
+  void drop_body(std::shared_ptr<Response> res) {
+    read_body_piece([self = shared_from_this(), res](std::size_t, bool last) {
+      if (!last) return self->drop_body(res);
+      self->answer(std::move(*res));
+    });
   }
 
   void on_read_error(beast::error_code ec) {
+    if (exchange_) {
+      // The client went away while its body streamed to the upstream.
+      exchange_->cancel();
+      exchange_.reset();
+      return close();
+    }
     if (ec == http::error::body_limit) return refuse_body_too_large();
     if (ec == http::error::header_limit) {
       outcome_ = "refused";
@@ -255,40 +341,52 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
                              "with an idempotency key"));
   }
 
-  // ---- deciding what to do with it ----
+  // ---- a request without a key: streamed both ways ----
 
-  void handle_request() {
-    const std::string_view target = req_.target();
-    policy_ = &policy_for(core_->options, target.substr(0, target.find('?')));
-    const auto& methods = policy_->methods;
-    const bool keyed_method =
-        policy_->protect &&
-        std::find(methods.begin(), methods.end(), req_.method_string()) != methods.end();
-    if (!keyed_method) return forward(false);
-    KeyHeader key = read_key(req_, core_->options.key_header, policy_->key_format);
-    switch (key.kind) {
-      case KeyHeader::Kind::kAbsent:
-        if (!policy_->require_key) return forward(false);
-        outcome_ = "refused";
-        return answer(refusal(400, "missing-key",
-                              "this endpoint requires an idempotency key header (" +
-                                  core_->options.key_header + ")"));
-      case KeyHeader::Kind::kMalformed:
-        outcome_ = "refused";
-        return answer(refusal(400, "bad-key", key.why));
-      case KeyHeader::Kind::kValid:
-        break;
+  void stream_request() {
+    keyed_ = false;
+    const bool has_body = !parser_->is_done();
+    const bool repeatable = idempotent_method(head_.method()) && !has_body;
+    exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(),
+                                           upstream_header(head_, client_), repeatable);
+    exchange_->set_label(client_.request_id);
+    forwarded_at_ = SteadyClock::now();
+    if (!has_body) {
+      return exchange_->send(std::string(),
+                             [self = shared_from_this()](Exchange::Status s) { self->on_head(s); });
     }
-    key_ = std::move(key.key);
-    keyed_ = true;
-    scope_ = scope_of(req_, core_->options, *policy_);
-    fingerprint_ = fingerprint_of(req_, core_->options);
+    continue_then([self = shared_from_this()] {
+      const auto length = self->parser_->content_length();
+      self->exchange_->open(length ? std::optional<std::uint64_t>(*length) : std::nullopt,
+                            [self](Exchange::Status s) {
+                              if (!s.ok()) return self->on_upstream_failed(s);
+                              self->pump();
+                            });
+    });
+  }
+
+  // Passes the next piece of the request body to the upstream.
+  void pump() {
+    read_body_piece([self = shared_from_this()](std::size_t got, bool last) {
+      self->exchange_->send_piece(self->in_.get(), got, last, [self, last](Exchange::Status s) {
+        if (!last || !s.ok()) {
+          if (!s.ok()) return self->on_upstream_failed(s);
+          return self->pump();
+        }
+        self->on_head(s);
+      });
+    });
+  }
+
+  // ---- a request with a key: the executor, on the store pool ----
+
+  void handle_keyed() {
+    scope_ = scope_of(head_, core_->options, *policy_);
+    fingerprint_ = fingerprint_of(head_, body_, core_->options);
     wait_deadline_.reset();
     poll_ = kFirstPoll;
     begin();
   }
-
-  // ---- the executor, on the store pool ----
 
   // Comes back to the connection's strand after a store call.
   template <typename F>
@@ -343,7 +441,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
         });
       });
     }
-    forward(true);
+    forward_keyed();
   }
 
   void on_replay(const std::string& bytes) {
@@ -356,7 +454,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
                             "the record under this idempotency key was not written by this "
                             "proxy; it cannot be replayed"));
     }
-    if (sets_cookie(*recorded) && !has_credentials(req_, core_->options)) {
+    if (sets_cookie(*recorded) && !has_credentials(head_, core_->options)) {
       // SPEC §13: an answer that sets a cookie goes only to a request whose scope holds
       // credentials; otherwise anyone who sends the key would get the session it sets.
       outcome_ = "cookie-not-replayed";
@@ -406,65 +504,131 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     answer(std::move(res));
   }
 
-  // ---- the upstream ----
-
-  void forward(bool keyed) {
-    keyed_ = keyed;
-    RequestHeader head = upstream_header(req_.base(), client_);
-    if (keyed) add_fencing(head, handle_.token(), handle_.number(), handle_.stolen());
-    const bool repeatable = !keyed && idempotent_method(req_.method()) && req_.body().empty();
+  void forward_keyed() {
+    RequestHeader head = upstream_header(head_, client_);
+    add_fencing(head, handle_.token(), handle_.number(), handle_.stolen());
     exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(), std::move(head),
-                                           repeatable);
+                                           /*repeatable=*/false);
     exchange_->set_label(client_.request_id);
+    exchange_->hold(std::move(handle_), *policy_);
     forwarded_at_ = SteadyClock::now();
-    if (keyed) exchange_->hold(std::move(handle_), *policy_);
-    exchange_->send(std::move(req_.body()),
+    exchange_->send(std::move(body_),
                     [self = shared_from_this()](Exchange::Status s) { self->on_head(s); });
   }
 
+  // ---- the answer, streamed ----
+
   void on_head(const Exchange::Status& s) {
     if (!s.ok()) return on_upstream_failed(s);
-    res_ = {};
-    res_.base() = exchange_->head();
-    read_piece();
+    out_ = {};
+    out_.base() = exchange_->head();
+    prepare_streamed(out_, head_, core_->draining || aborted_);
+    if (keyed_ && exchange_->too_large()) out_.set(kNotRecordedHeader, "too-large");
+    writer_.reset();
+    header_sent_ = false;
+    relay();
   }
 
-  void read_piece() {
+  void relay() {
     exchange_->read_piece([self = shared_from_this()](Exchange::Status s, std::string_view piece,
                                                       bool last) {
       if (!s.ok()) return self->on_upstream_failed(s);
-      self->res_.body().append(piece);
-      if (!last) return self->read_piece();
-      self->on_answer();
+      if (!last) {
+        return self->write_piece(piece, /*more=*/true, [self] { self->relay(); });
+      }
+      if (!self->keyed_ || !self->exchange_->keyed()) {
+        self->outcome_ = "passed";
+        return self->finish_answer(piece);
+      }
+      // SPEC §13: the end of the answer goes out once it is recorded, so a client that saw it
+      // whole finds the record when it sends the key again.
+      self->exchange_->settle([self, piece](std::string outcome) {
+        self->core_->observe(SteadyClock::now() - self->forwarded_at_);
+        if (!self->header_sent_ && outcome != "recorded" && outcome != "released") {
+          self->out_.set(kNotRecordedHeader, outcome == "store-too-large" ? "too-large" : outcome);
+        }
+        if (outcome != "recorded" && outcome != "released" && outcome != "too-large") {
+          self->log_detail("the answer was not recorded: " + outcome);
+        }
+        self->outcome_ = std::move(outcome);
+        self->finish_answer(piece);
+      });
     });
   }
 
-  void on_answer() {
-    if (!keyed_) {
-      outcome_ = "passed";
-      exchange_.reset();
-      return answer(std::move(res_));
-    }
-    if (res_.count(http::field::set_cookie) != 0 && !has_credentials(req_, core_->options) &&
+  void finish_answer(std::string_view piece) {
+    if (out_.result_int() != 0 && !warned_cookie_checked_ && keyed_) warn_about_cookies();
+    log_request(out_.result_int());
+    write_piece(piece, /*more=*/false, [self = shared_from_this()] {
+      self->exchange_.reset();
+      self->next_request(self->out_.keep_alive());
+    });
+  }
+
+  void warn_about_cookies() {
+    warned_cookie_checked_ = true;
+    if (out_.count(http::field::set_cookie) != 0 && !has_credentials(head_, core_->options) &&
         !core_->warned_cookie.exchange(true)) {
       core_->log("request " + client_.request_id +
                  ": the answer sets a cookie, and the request carries no credentials in its "
                  "scope (no Authorization header, no --credential-cookie); its duplicates get "
                  "410 cookie-not-replayed. Name the session cookie with --credential-cookie");
     }
-    exchange_->settle([self = shared_from_this()](std::string outcome) {
-      self->core_->observe(SteadyClock::now() - self->forwarded_at_);
-      if (outcome != "recorded" && outcome != "released") {
-        self->res_.set(kNotRecordedHeader, outcome == "store-too-large" ? "too-large" : outcome);
+  }
+
+  // Writes a piece of the answer (its header first, the first time); `next` runs once it is
+  // out. A client that went away ends the connection; a keyed answer is then read to its end
+  // alone, so the record is there for the client's retry.
+  template <typename F>
+  void write_piece(std::string_view piece, bool more, F&& next) {
+    auto& body = out_.body();
+    body.data = piece.empty() ? nullptr : const_cast<char*>(piece.data());
+    body.size = piece.size();
+    body.more = more;
+    if (!writer_) writer_.emplace(out_);
+    writing_ = true;
+    stream_.expires_after(core_->options.client_timeout);
+    http::async_write(stream_, *writer_,
+                      [self = shared_from_this(), next = std::forward<F>(next)](
+                          beast::error_code ec, std::size_t) mutable {
+                        self->writing_ = false;
+                        self->header_sent_ = true;
+                        if (ec == http::error::need_buffer) ec = {};
+                        if (ec) return self->client_gone();
+                        next();
+                      });
+  }
+
+  void client_gone() {
+    if (exchange_) {
+      if (exchange_->keyed() && !exchange_->done()) {
+        exchange_->finish_alone();
+      } else if (!exchange_->done()) {
+        exchange_->cancel();
       }
-      self->outcome_ = std::move(outcome);
-      self->exchange_.reset();
-      self->answer(std::move(self->res_));
-    });
+      exchange_.reset();
+    }
+    close();
   }
 
   void on_upstream_failed(const Exchange::Status& s) {
     using Failure = Exchange::Failure;
+    log_detail(s.detail);
+    if (header_sent_) {
+      // Part of the answer is out: all the client can be told is that it was cut off. A
+      // keyed request keeps its key held (it ran, or may have).
+      outcome_ = "cut-off";
+      log_request(out_.result_int());
+      if (keyed_ && exchange_->keyed() && !s.detached) {
+        exchange_->give_up(s, [self = shared_from_this()](std::string) {
+          self->exchange_.reset();
+          self->close();
+        });
+        return;
+      }
+      exchange_.reset();
+      return close();
+    }
     Response res;
     switch (s.failure) {
       case Failure::kTimeout:
@@ -477,7 +641,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
         res = refusal(502, "upstream-unreachable", "the proxy cannot connect to the upstream");
         break;
       case Failure::kTooLarge:
-        res = refusal(502, "upstream-too-large", "the upstream's answer is larger than this proxy passes");
+        res = refusal(502, "upstream-too-large",
+                      "the upstream's answer is larger than this proxy passes");
         break;
       case Failure::kBadResponse:
         res = refusal(502, "upstream-bad-response", "the upstream's answer is not valid HTTP/1.1");
@@ -488,12 +653,12 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
                       "the connection to the upstream broke before the whole answer arrived");
         break;
     }
-    log_detail(s.detail);
-    const std::string code = problem_code(res);
+    // An upload cut short leaves the client's body half read: the connection closes.
+    const bool mid_body = parser_ && !parser_->is_done();
     if (!keyed_ || !exchange_->keyed()) {
-      outcome_ = code;
+      outcome_ = problem_code(res);
       exchange_.reset();
-      return answer(std::move(res));
+      return mid_body ? answer_and_close(std::move(res)) : answer(std::move(res));
     }
     if (s.detached) {
       // The exchange reads the late answer in the background and decides the record.
@@ -524,7 +689,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
                    "the proxy is shutting down and could not finish this request in time");
   }
 
-  // ---- answering ----
+  // ---- the proxy's own answers ----
 
   // A problem answer naming this request (messages.h: fixed texts only).
   Response refusal(unsigned status, std::string_view code, std::string_view text,
@@ -541,47 +706,56 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void answer(Response res) {
     res_ = std::move(res);
-    prepare_for_client(res_, req_, core_->draining || aborted_);
-    log_request();
-    write();
+    prepare_for_client(res_, head_, core_->draining || aborted_);
+    log_request(res_.result_int());
+    write_own();
   }
 
   // For errors found before a whole request was read: the connection cannot be trusted to
   // be at a message boundary, so it closes after the answer.
   void answer_and_close(Response res) {
     if (parser_ && parser_->is_header_done()) {
-      req_.base() = parser_->get().base();
+      head_ = parser_->get().base();
     } else {
-      req_.version(11);
+      head_ = {};
+      head_.version(11);
     }
     res_ = std::move(res);
-    prepare_for_client(res_, req_, true);
-    log_request();
-    write();
+    prepare_for_client(res_, head_, true);
+    log_request(res_.result_int());
+    write_own();
   }
 
-  void write() {
+  void write_own() {
     writing_ = true;
     stream_.expires_after(core_->options.client_timeout);
     http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
       self->writing_ = false;
-      if (ec || !self->res_.keep_alive()) return self->close();
-      ++self->served_;
-      self->req_ = {};
-      self->res_ = {};
-      self->keyed_ = false;
-      self->key_.clear();
-      self->outcome_.clear();
-      self->read_request();
+      if (ec) return self->close();
+      self->next_request(self->res_.keep_alive());
     });
   }
 
-  void log_request() {
+  void next_request(bool keep_alive) {
+    if (!keep_alive) return close();
+    ++served_;
+    res_ = {};
+    out_ = {};
+    writer_.reset();
+    body_.clear();
+    keyed_ = false;
+    key_.clear();
+    outcome_.clear();
+    header_sent_ = false;
+    warned_cookie_checked_ = false;
+    read_request();
+  }
+
+  void log_request(unsigned status) {
     if (!core_->options.access_log) return;
     auto ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started_).count();
-    std::string line = std::string(req_.method_string()) + " " + printable(req_.target()) + " " +
-                       std::to_string(res_.result_int()) + " " +
-                       (outcome_.empty() ? "answered" : outcome_);
+    std::string line = std::string(head_.method_string()) + " " + printable(head_.target()) + " " +
+                       std::to_string(status) + " " + (outcome_.empty() ? "answered" : outcome_);
     if (!key_.empty() && keyed_) line += " key=\"" + printable(key_) + "\"";
     char took[32];
     std::snprintf(took, sizeof took, " %.2f ms", ms);
@@ -598,9 +772,13 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   std::uint64_t id_ = 0;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
-  Request req_;
+  std::optional<http::request_parser<http::buffer_body>> parser_;
+  RequestHeader head_;
+  std::string body_;
+  std::unique_ptr<char[]> in_;
   Response res_;
+  StreamedResponse out_;
+  std::optional<http::response_serializer<http::buffer_body>> writer_;
   asio::steady_timer wait_timer_;
   ClientInfo client_;
 
@@ -617,6 +795,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   std::optional<SteadyClock::time_point> wait_deadline_;
   Duration poll_ = kFirstPoll;
   std::string outcome_;
+  bool header_sent_ = false;
+  bool warned_cookie_checked_ = false;
 
   // Requests answered on this connection.
   std::uint64_t served_ = 0;

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
@@ -176,6 +178,8 @@ void Upstream::open_gate(const std::string& name) const {
   if (r.status != 200) throw std::runtime_error("could not open gate " + name + ": " + r.error);
 }
 
+std::string Upstream::announced() const { return read_file(dir_ / "upstream.log.announce"); }
+
 void Upstream::kill() {
   child_->signal(SIGKILL);
   (void)child_->wait();
@@ -325,6 +329,46 @@ std::string idle_connection_ends(std::uint16_t port, std::chrono::seconds bound)
   char byte = 0;
   const ssize_t n = ::recv(socket.native_handle(), &byte, 1, 0);
   return n == 0 ? "end of file" : n < 0 ? std::string(std::strerror(errno)) : "a byte arrived";
+}
+
+RawConnection::RawConnection(std::uint16_t port) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    throw std::runtime_error(std::string("connect: ") + std::strerror(errno));
+  }
+}
+
+RawConnection::~RawConnection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RawConnection::send(const std::string& bytes) {
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) throw std::runtime_error(std::string("send: ") + std::strerror(errno));
+    sent += static_cast<std::size_t>(n);
+  }
+}
+
+bool RawConnection::read_until(const std::string& text, std::chrono::milliseconds bound) {
+  const auto give_up = std::chrono::steady_clock::now() + bound;
+  while (received_.find(text) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        give_up - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+    if (n <= 0) return received_.find(text) != std::string::npos;
+    received_.append(chunk, static_cast<std::size_t>(n));
+  }
+  return true;
 }
 
 bool refuses_connections(std::uint16_t port) {

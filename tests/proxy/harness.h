@@ -78,6 +78,8 @@ class Upstream {
   // Waits until it has executed `n` requests with that key.
   bool wait_for(const std::string& key, int n) const;
   void open_gate(const std::string& name) const;
+  // Targets of X-Test-Announce requests whose header arrived (their body may not have).
+  std::string announced() const;
   // SIGKILL, as a crash would end it.
   void kill();
   // Starts again on the same port, keeping the log.
@@ -158,6 +160,26 @@ Reply raw_request(std::uint16_t port, const std::string& bytes);
 // Connects, sends nothing, and waits up to `bound` for the server to close the connection;
 // returns how the wait ended ("end of file" when it closed).
 std::string idle_connection_ends(std::uint16_t port, std::chrono::seconds bound);
+
+// A client connection read as bytes arrive, for answers that stream: the test sends what it
+// likes and waits for text to arrive.
+class RawConnection {
+ public:
+  explicit RawConnection(std::uint16_t port);
+  ~RawConnection();
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+  void send(const std::string& bytes);
+  // Reads until `text` is among the bytes received; false when `bound` passed (or the
+  // connection ended) first.
+  bool read_until(const std::string& text, std::chrono::milliseconds bound = std::chrono::seconds(30));
+  // Everything received so far.
+  const std::string& received() const { return received_; }
+
+ private:
+  int fd_ = -1;
+  std::string received_;
+};
 
 // Whether a TCP connection to the port is refused.
 bool refuses_connections(std::uint16_t port);

@@ -480,12 +480,18 @@ TEST_F(ProxyTest, UpstreamTimeoutWithoutALateAnswerIsTakenOverAfterTheLeaseAsASt
 
 TEST_F(ProxyTest, UpstreamClosingMidAnswerKeepsTheKeyHeldUntilTheLeaseRunsOut) {
   auto proxy = start_proxy({"--lease", "1s"});
+  // Dropped before a byte of the answer: the client gets 502. Cut off midway: the answer
+  // was already streaming, and the client sees it cut off.
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
-           {"X-Test-Cut", "1000"}, {"X-Test-Drop", "1"}}) {
+           {"X-Test-Drop", "1"}, {"X-Test-Cut", "100000"}}) {
     const std::string k = key(name);
     Reply cut = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {name, value}});
-    EXPECT_EQ(cut.status, 502u) << name << cut.error;
-    EXPECT_THAT(cut.body, HasSubstr("\"code\":\"upstream-broken\""));
+    if (name == "X-Test-Drop") {
+      EXPECT_EQ(cut.status, 502u) << name << cut.error;
+      EXPECT_THAT(cut.body, HasSubstr("\"code\":\"upstream-broken\""));
+    } else {
+      EXPECT_THAT(cut.error, HasSubstr("partial message"));
+    }
     EXPECT_TRUE(in_progress("POST /pay", k)) << name;
     EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}).status, 409u);
     Reply takeover = retry_while_busy(proxy->port(), {{"Idempotency-Key", k}});
@@ -829,6 +835,123 @@ TEST_F(ProxyStoreDownTest, ProblemAnswersShowNoInternalsButARequestIdTheLogExpla
 }
 
 // ---------------------------------------------------------------------------------------
+// Streaming.
+
+// A GET (or keyed POST) of `target` whose answer idem_test_upstream streams in `chunks`
+// chunks, each after the gate "<gate>-<n>" opens.
+std::string streamed_request(const std::string& method, const std::string& target, int chunks,
+                             const std::string& gate, const std::string& more_headers = {}) {
+  return method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Test-Stream: " +
+         std::to_string(chunks) + "\r\nX-Test-Stream-Gate: " + gate + "\r\n" + more_headers +
+         (method == "POST" ? "Content-Length: 0\r\n" : "") + "\r\n";
+}
+
+TEST_F(ProxyTest, AnswerWithoutAKeyStreamsToTheClientAsItArrives) {
+  auto proxy = start_proxy();
+  const std::string gate = key("g");
+  RawConnection client(proxy->port());
+  client.send(streamed_request("GET", "/events", 3, gate, "X-Test-Sse: 1\r\n"));
+  // The first event arrives while the upstream still waits on the gate for the second.
+  ASSERT_TRUE(client.read_until("data: chunk 1", std::chrono::seconds(10))) << client.received();
+  EXPECT_THAT(client.received(), AllOf(HasSubstr("Content-Type: text/event-stream"),
+                                       HasSubstr("Transfer-Encoding: chunked")));
+  EXPECT_THAT(client.received(), Not(HasSubstr("chunk 2")));
+  upstream_.open_gate(gate + "-2");
+  EXPECT_TRUE(client.read_until("data: chunk 2")) << client.received();
+  upstream_.open_gate(gate + "-3");
+  EXPECT_TRUE(client.read_until("data: chunk 3")) << client.received();
+  EXPECT_TRUE(client.read_until("\r\n0\r\n\r\n")) << client.received();
+}
+
+TEST_F(ProxyTest, KeyedAnswerStreamsWhileItIsRecordedAndEndsOnceItIsRecorded) {
+  auto proxy = start_proxy();
+  const std::string k = key("k");
+  RawConnection client(proxy->port());
+  client.send(streamed_request("POST", "/report", 3, k, "Idempotency-Key: " + k + "\r\n"));
+  ASSERT_TRUE(client.read_until("chunk 1\n", std::chrono::seconds(10))) << client.received();
+  // Streaming, and not recorded yet: a duplicate now is in progress.
+  EXPECT_TRUE(in_progress("POST /report", k));
+  upstream_.open_gate(k + "-2");
+  upstream_.open_gate(k + "-3");
+  ASSERT_TRUE(client.read_until("\r\n0\r\n\r\n")) << client.received();
+  // The end of the answer came after the record: a client that saw it finds it.
+  std::optional<Record> stored = record("POST /report", k);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->state, RecordState::kComplete);
+  Reply replay = request(proxy->port(), "POST", "/report", {{"Idempotency-Key", k}});
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_EQ(replay.body, "chunk 1\nchunk 2\nchunk 3\n");
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
+TEST_F(ProxyTest, LongAnswerIsNotCutOffWhileItsPiecesKeepComing) {
+  auto proxy = start_proxy({"--upstream-timeout", "1s"});
+  const std::string gate = key("g");
+  constexpr int kChunks = 6;
+  RawConnection client(proxy->port());
+  client.send(streamed_request("GET", "/long", kChunks, gate));
+  ASSERT_TRUE(client.read_until("chunk 1\n", std::chrono::seconds(10))) << client.received();
+  // Each piece comes well within the upstream timeout; the whole takes longer than it.
+  for (int i = 2; i <= kChunks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    upstream_.open_gate(gate + "-" + std::to_string(i));
+    ASSERT_TRUE(client.read_until("chunk " + std::to_string(i) + "\n")) << client.received();
+  }
+  EXPECT_TRUE(client.read_until("\r\n0\r\n\r\n")) << client.received();
+  EXPECT_THAT(client.received(), Not(HasSubstr("upstream-timeout")));
+}
+
+TEST_F(ProxyTest, RequestBodyWithoutAKeyStreamsToTheUpstreamAsItArrives) {
+  auto proxy = start_proxy({"--max-request-body", "1KiB"});
+  RawConnection client(proxy->port());
+  client.send("POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+              "X-Test-Announce: 1\r\n\r\n400\r\n" + std::string(1024, 'a') + "\r\n");
+  // The upstream has the header while the client has sent only part of the body.
+  EXPECT_TRUE(eventually([&] { return upstream_.announced().find("/upload") != std::string::npos; },
+                         std::chrono::seconds(10)));
+  // The rest, well past --max-request-body (a limit for keyed requests only, which are read
+  // whole).
+  std::string rest;
+  for (int i = 0; i < 99; ++i) rest += "400\r\n" + std::string(1024, 'b') + "\r\n";
+  client.send(rest + "0\r\n\r\n");
+  EXPECT_TRUE(client.read_until("body=102400")) << client.received();
+}
+
+TEST_F(ProxyTest, TimeToFirstByteThroughTheProxyAgainstDirect) {
+  // A figure, not an assertion (docs/proxy.md, "Figures"): how soon the first chunk of a
+  // streamed answer reaches the client, directly and through the proxy, while the upstream
+  // holds the rest back.
+  auto proxy = start_proxy();
+  constexpr int kRounds = 40;
+  auto first_byte_ms = [&](std::uint16_t port, const std::string& name) {
+    std::vector<double> ms;
+    for (int i = 0; i < kRounds; ++i) {
+      const std::string gate = key(name + std::to_string(i));
+      RawConnection client(port);
+      const auto sent = std::chrono::steady_clock::now();
+      client.send(streamed_request("GET", "/ttfb", 2, gate));
+      if (!client.read_until("chunk 1\n", std::chrono::seconds(10))) {
+        ADD_FAILURE() << "the first chunk did not come through " << name;
+        upstream_.open_gate(gate + "-2");
+        return std::make_pair(0.0, 0.0);
+      }
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent)
+                       .count());
+      upstream_.open_gate(gate + "-2");
+      EXPECT_TRUE(client.read_until("\r\n0\r\n\r\n"));
+    }
+    std::sort(ms.begin(), ms.end());
+    return std::make_pair(ms[ms.size() / 2], ms[ms.size() * 9 / 10]);
+  };
+  const auto direct = first_byte_ms(upstream_.port(), "direct");
+  const auto proxied = first_byte_ms(proxy->port(), "proxied");
+  std::cout << "[ figure ] time to first byte of a streamed answer, " << kRounds
+            << " rounds: direct p50 " << direct.first << " ms p90 " << direct.second
+            << " ms; through idem proxy p50 " << proxied.first << " ms p90 " << proxied.second
+            << " ms (p50 ratio " << proxied.first / direct.first << ")\n";
+}
+
+// ---------------------------------------------------------------------------------------
 // The smaller findings.
 
 TEST_F(ProxyTest, RetryAfterSaysWhatRequestsTakeUnlessTheKeyIsHeldUntilItsLeaseRunsOut) {
@@ -847,7 +970,7 @@ TEST_F(ProxyTest, RetryAfterSaysWhatRequestsTakeUnlessTheKeyIsHeldUntilItsLeaseR
 
   // A key held after an uncertain outcome frees up only when its lease runs out.
   const std::string held = key("held");
-  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}, {"X-Test-Cut", "10"}})
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}, {"X-Test-Drop", "1"}})
                 .status,
             502u);
   Reply wait = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}});

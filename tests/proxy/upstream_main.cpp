@@ -19,6 +19,8 @@
 //   X-Test-Sse: 1          with X-Test-Stream, Content-Type: text/event-stream
 //   X-Test-Echo: 1         answer the request's header fields, one "name: value" a line
 //   X-Test-Set-Cookie: V   add Set-Cookie: V to the answer
+//   X-Test-Announce: 1     as soon as the header has arrived, before reading the body, append
+//                          the target to the --log file's name + ".announce"
 // Otherwise it answers 200 with a text body naming the execution number and what it saw.
 // Every executed request appends one line to the --log file when it arrives:
 //   <execution> <Idempotency-Key or -> <Idempotency-Token or -> <Idempotency-Attempt or ->
@@ -60,6 +62,7 @@ std::set<std::string> open_gates;
 std::atomic<long> executions{0};
 std::atomic<long> connections{0};
 int log_fd = -1;
+int announce_fd = -1;
 
 std::string header(const http::request<http::string_body>& req, std::string_view name,
                    const char* fallback = "-") {
@@ -131,6 +134,13 @@ void serve(tcp::socket socket) {
   for (;;) {
     http::request_parser<http::string_body> parser;
     parser.body_limit(256 * 1024 * 1024);
+    http::read_header(socket, buffer, parser, ec);
+    if (ec) return;
+    if (auto it = parser.get().find("X-Test-Announce"); it != parser.get().end() &&
+                                                        announce_fd >= 0) {
+      std::string line = std::string(parser.get().target()) + "\n";
+      (void)!::write(announce_fd, line.data(), line.size());
+    }
     http::read(socket, buffer, parser, ec);
     if (ec) return;
     http::request<http::string_body> req = parser.release();
@@ -248,7 +258,9 @@ int main(int argc, char** argv) {
   }
   if (!log_file.empty()) {
     log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) {
+    announce_fd = ::open((log_file + ".announce").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
+                         0644);
+    if (log_fd < 0 || announce_fd < 0) {
       std::perror(log_file.c_str());
       return 1;
     }
