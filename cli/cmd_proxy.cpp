@@ -3,9 +3,12 @@
 // cli/proxy/.
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -56,6 +59,9 @@ struct ProxyArgs {
   std::size_t upstream_connections = 64;
   bool access_log = false;
   std::string problem_type_base;
+  std::string routes;
+  std::string key_header = "Idempotency-Key";
+  std::string key_format = "any";
 };
 
 template <typename F>
@@ -78,6 +84,100 @@ std::size_t size_option(std::string_view option, const std::string& text, std::s
     throw UsageError(std::string(option), fmt::format("at most {} bytes", limit));
   }
   return *size;
+}
+
+// A route's value as the routes file gives it: a string (a duration, a size, a list) or,
+// for sizes and lists, a number or an array.
+std::string text_of(const nlohmann::json& value, std::string_view where) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_unsigned()) return std::to_string(value.get<std::uint64_t>());
+  if (value.is_array()) {
+    std::string joined;
+    for (const auto& item : value) {
+      if (!item.is_string() && !item.is_number_unsigned()) {
+        throw std::invalid_argument(std::string(where) + ": expected strings or numbers");
+      }
+      if (!joined.empty()) joined += ",";
+      joined += item.is_string() ? item.get<std::string>() : std::to_string(item.get<std::uint64_t>());
+    }
+    return joined;
+  }
+  throw std::invalid_argument(std::string(where) + ": expected a string");
+}
+
+bool bool_of(const nlohmann::json& value, std::string_view where) {
+  if (!value.is_boolean()) throw std::invalid_argument(std::string(where) + ": expected true or false");
+  return value.get<bool>();
+}
+
+// Reads the routes file (docs/proxy.md, "Routes"): {"routes": [{"path": ..., ...}, ...]}.
+// Each route starts from the flags' policy and overrides what it names; an unknown field is
+// an error, so a typo never goes unnoticed.
+std::vector<proxy::Route> load_routes(const std::string& path, const proxy::Policy& defaults) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("--routes", fmt::format("cannot read '{}'", printable(path)));
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--routes", fmt::format("'{}' is not valid JSON: {}", printable(path), e.what()));
+  }
+  if (!doc.is_object() || !doc.contains("routes") || !doc["routes"].is_array() || doc.size() != 1) {
+    throw UsageError("--routes", fmt::format("'{}' must hold one object with a \"routes\" array",
+                                             printable(path)));
+  }
+  std::vector<proxy::Route> routes;
+  std::size_t n = 0;
+  for (const auto& entry : doc["routes"]) {
+    const std::string where = fmt::format("route {}", ++n);
+    auto fail = [&](const std::string& why) {
+      return UsageError("--routes", fmt::format("{} in '{}': {}", where, printable(path), why));
+    };
+    if (!entry.is_object()) throw fail("expected an object");
+    proxy::Route route;
+    route.policy = defaults;
+    proxy::Policy& p = route.policy;
+    try {
+      for (const auto& [name, value] : entry.items()) {
+        const std::string field = where + " \"" + name + "\"";
+        if (name == "path") {
+          route.path = text_of(value, field);
+        } else if (name == "protect") {
+          p.protect = bool_of(value, field);
+        } else if (name == "methods") {
+          p.methods = proxy::parse_methods(text_of(value, field));
+        } else if (name == "require_key") {
+          p.require_key = bool_of(value, field);
+        } else if (name == "key_format") {
+          p.key_format = proxy::parse_key_format(text_of(value, field));
+        } else if (name == "scope") {
+          p.fixed_scope = text_of(value, field);
+          if (p.fixed_scope.size() > kMaxScopeBytes) throw fail("\"scope\": at most 255 bytes");
+        } else if (name == "ttl") {
+          p.ttl = duration_option("\"ttl\"", text_of(value, field), false);
+        } else if (name == "release_status") {
+          p.release_statuses = proxy::parse_statuses(text_of(value, field));
+        } else if (name == "max_record") {
+          p.max_record = size_option("\"max_record\"", text_of(value, field), kMaxPayloadBytes);
+        } else if (name == "release_uncertain") {
+          p.release_uncertain = bool_of(value, field);
+        } else {
+          throw fail("unknown field \"" + name + "\" (path, protect, methods, require_key, "
+                     "key_format, scope, ttl, release_status, max_record, release_uncertain)");
+        }
+      }
+    } catch (const std::invalid_argument& e) {
+      throw fail(e.what());
+    } catch (const UsageError& e) {
+      if (e.option() == "--routes") throw;
+      throw fail(e.what());
+    }
+    if (route.path.empty() || route.path.front() != '/') {
+      throw fail("\"path\" must be given and start with /");
+    }
+    routes.push_back(std::move(route));
+  }
+  return routes;
 }
 
 proxy::ProxyOptions to_options(const ProxyArgs& a) {
@@ -127,6 +227,10 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
                      "expected an absolute URL, such as https://api.example.com/problems/");
   }
   o.problem_type_base = a.problem_type_base;
+  o.key_header = option_value("--key-header", [&] { return proxy::parse_header_name(a.key_header); });
+  p.key_format = option_value("--key-format", [&] { return proxy::parse_key_format(a.key_format); });
+  // Last: every route starts from the flags' policy.
+  if (!a.routes.empty()) o.routes = load_routes(a.routes, o.policy);
   return o;
 }
 
@@ -222,7 +326,9 @@ Command add_proxy_command(CLI::App& parent) {
   opt("--ttl", a->ttl, "How long a recorded answer is replayed")->type_name("DURATION");
   opt("--wait", a->wait, "How long a duplicate waits for the first request's answer (0: 409)")
       ->type_name("DURATION");
-  opt("--max-request-body", a->max_request_body, "Largest request body (413 above)")
+  opt("--max-request-body", a->max_request_body,
+      "Largest body of a request with a key, which is read whole (413 above); other requests "
+      "stream with no limit")
       ->type_name("BYTES");
   opt("--max-header", a->max_header, "Largest request header block (431 above)")
       ->type_name("BYTES");
@@ -237,7 +343,9 @@ Command add_proxy_command(CLI::App& parent) {
       ->type_name("DURATION");
   opt("--idle-timeout", a->idle_timeout, "A kept-alive client connection between requests")
       ->type_name("DURATION");
-  opt("--upstream-timeout", a->upstream_timeout, "One upstream exchange, queueing included")
+  opt("--upstream-timeout", a->upstream_timeout,
+      "How long the upstream gets to answer: until the answer's header (queueing for a "
+      "connection included), then between two pieces of its body")
       ->type_name("DURATION");
   opt("--connect-timeout", a->connect_timeout, "Connecting to the upstream")->type_name("DURATION");
   opt("--upstream-idle", a->upstream_idle, "How long an idle upstream connection is kept")
@@ -257,11 +365,34 @@ Command add_proxy_command(CLI::App& parent) {
       ->capture_default_str()
       ->type_name("N");
   app->add_flag("--access-log", a->access_log, "Log one line per request on stderr");
+  opt("--routes", a->routes,
+      "A JSON file of per-route policies: which paths idem protects, with which methods, "
+      "key rules, scope, TTL, released statuses and record limit (docs/proxy.md, \"Routes\")")
+      ->type_name("FILE");
+  opt("--key-header", a->key_header,
+      "The request header that carries the key (X-Idempotency-Key, PayPal-Request-Id, ...)")
+      ->type_name("NAME");
+  opt("--key-format", a->key_format, "What a key must look like: any, or uuid")
+      ->type_name("FORMAT");
   opt("--problem-type-base", a->problem_type_base,
       "Problem answers' type: this URL followed by the problem's code (your API's "
       "documentation of them), instead of about:blank")
       ->type_name("URL");
-  app->footer("Durations: 250ms, 30s, 5m. Sizes: 65536, 64KiB, 1MiB. See docs/proxy.md.");
+  // Every option also comes from the environment: --max-record from IDEM_PROXY_MAX_RECORD,
+  // a flag from IDEM_PROXY_REQUIRE_KEY=true; a list from a comma-separated value. The store
+  // keeps its own variable, IDEM_STORE.
+  for (CLI::Option* option : app->get_options()) {
+    const std::string name = option->get_single_name();
+    if (name.empty() || name == "help" || name == "store") continue;
+    std::string env = "IDEM_PROXY_";
+    for (char c : name) env += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    option->envname(env);
+    if (option->get_items_expected_max() > 1) option->delimiter(',');
+  }
+  app->footer(
+      "Durations: 250ms, 30s, 5m. Sizes: 65536, 64KiB, 1MiB. Every option also comes from the "
+      "environment: IDEM_PROXY_ and its name in capitals, dashes as underscores "
+      "(IDEM_PROXY_MAX_RECORD=8MiB). See docs/proxy.md.");
   return Command{app, [a] { return run_proxy(*a); }};
 }
 

@@ -86,11 +86,24 @@ ScratchDir::~ScratchDir() {
 
 // ---- Child ----
 
-Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err) {
+Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err,
+             const std::vector<std::string>& env) {
   std::vector<std::string> args = argv;
   std::vector<char*> c_args;
   for (auto& a : args) c_args.push_back(a.data());
   c_args.push_back(nullptr);
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var = *e;
+    const std::string name = var.substr(0, var.find('='));
+    bool replaced = false;
+    for (const std::string& extra : env) replaced = replaced || extra.substr(0, extra.find('=')) == name;
+    if (!replaced) vars.push_back(var);
+  }
+  vars.insert(vars.end(), env.begin(), env.end());
+  std::vector<char*> c_env;
+  for (auto& v : vars) c_env.push_back(v.data());
+  c_env.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -99,7 +112,7 @@ Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   idem::testing::ShellSpawnAttributes attr;
-  int rc = ::posix_spawn(&pid_, c_args[0], &actions, attr.get(), c_args.data(), environ);
+  int rc = ::posix_spawn(&pid_, c_args[0], &actions, attr.get(), c_args.data(), c_env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
 }
@@ -202,6 +215,19 @@ ProxyProcess::ProxyProcess(const fs::path& dir, const std::string& name,
                            upstream_url, "--store", store_url, "--access-log"});
   argv.insert(argv.end(), options.begin(), options.end());
   child_ = std::make_unique<Child>(argv, dir / (name + ".out"), err_);
+  wait_until_listening();
+}
+
+ProxyProcess::ProxyProcess(Exactly, const fs::path& dir, const std::string& name,
+                           const std::vector<std::string>& args, const std::vector<std::string>& env)
+    : err_(dir / (name + ".err")) {
+  std::vector<std::string> argv = {IDEM_BINARY, "proxy"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  child_ = std::make_unique<Child>(argv, dir / (name + ".out"), err_, env);
+  wait_until_listening();
+}
+
+void ProxyProcess::wait_until_listening() {
   const std::string marker = "listening on 127.0.0.1:";
   if (!eventually([&] { return logged(marker) || !child_->running(); }) || !logged(marker)) {
     throw std::runtime_error("idem proxy did not start: " + log());

@@ -43,7 +43,9 @@ class ScratchDir {
 // A process started in the background with its standard output and error in files.
 class Child {
  public:
-  Child(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err);
+  // `env`: NAME=value entries added to (or replacing those of) this process's environment.
+  Child(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err,
+        const std::vector<std::string>& env = {});
   // Ends the process (SIGKILL) if it is still running.
   ~Child();
   Child(const Child&) = delete;
@@ -100,6 +102,11 @@ class ProxyProcess {
   ProxyProcess(const fs::path& dir, const std::string& name, const std::string& upstream_url,
                const std::string& store_url, const std::vector<std::string>& options,
                const std::vector<std::string>& wrapper = {});
+  // `idem proxy` with exactly `args` and `env` added to the environment: no defaults of the
+  // harness (listen address, upstream, store, access log) but what they say.
+  struct Exactly {};
+  ProxyProcess(Exactly, const fs::path& dir, const std::string& name,
+               const std::vector<std::string>& args, const std::vector<std::string>& env);
   std::uint16_t port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   void signal(int sig) const { child_->signal(sig); }
@@ -108,6 +115,7 @@ class ProxyProcess {
   bool logged(const std::string& text) const;
 
  private:
+  void wait_until_listening();
   fs::path err_;
   std::uint16_t port_ = 0;
   std::unique_ptr<Child> child_;

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -949,6 +950,84 @@ TEST_F(ProxyTest, TimeToFirstByteThroughTheProxyAgainstDirect) {
             << " rounds: direct p50 " << direct.first << " ms p90 " << direct.second
             << " ms; through idem proxy p50 " << proxied.first << " ms p90 " << proxied.second
             << " ms (p50 ratio " << proxied.first / direct.first << ")\n";
+}
+
+// ---------------------------------------------------------------------------------------
+// Routes, key header, environment.
+
+constexpr const char* kUuid = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+
+TEST_F(ProxyTest, RoutesFileSetsThePolicyOfEachPath) {
+  const fs::path routes = dir_ / "routes.json";
+  std::ofstream(routes) << R"({"routes": [
+    {"path": "/payments/**", "methods": ["POST"], "require_key": true, "key_format": "uuid",
+     "ttl": "1h"},
+    {"path": "/uploads/*", "protect": false},
+    {"path": "/reports", "release_status": "none", "scope": "reports"}
+  ]})";
+  auto proxy = start_proxy({"--routes", routes.string()});
+  auto post = [&](const std::string& target, const Headers& headers) {
+    return request(proxy->port(), "POST", target, headers);
+  };
+  // /payments/**: a key is required, and must be a UUID.
+  EXPECT_THAT(post("/payments/eu/charge", {}).body, HasSubstr("\"code\":\"missing-key\""));
+  EXPECT_THAT(post("/payments/eu/charge", {{"Idempotency-Key", "order-7"}}).body,
+              HasSubstr("\"code\":\"bad-key\""));
+  const std::string uuid = kUuid;
+  EXPECT_FALSE(post("/payments/eu/charge", {{"Idempotency-Key", uuid}}).replayed());
+  EXPECT_TRUE(post("/payments/eu/charge", {{"Idempotency-Key", uuid}}).replayed());
+  EXPECT_EQ(upstream_.executions_of(uuid), 1);
+  // /uploads/*: not protected at all, key or not.
+  const std::string upload = key("upload");
+  EXPECT_FALSE(post("/uploads/a", {{"Idempotency-Key", upload}}).replayed());
+  EXPECT_FALSE(post("/uploads/a", {{"Idempotency-Key", upload}}).replayed());
+  EXPECT_EQ(upstream_.executions_of(upload), 2);
+  // Elsewhere, the flags' policy: no key needed.
+  EXPECT_EQ(post("/elsewhere", {}).status, 200u);
+  // /reports: every status is recorded (none released), under its own scope.
+  const std::string report = key("report");
+  EXPECT_EQ(post("/reports", {{"Idempotency-Key", report}, {"X-Test-Status", "503"}}).status, 503u);
+  Reply again = post("/reports", {{"Idempotency-Key", report}});
+  EXPECT_EQ(again.status, 503u);
+  EXPECT_TRUE(again.replayed());
+  EXPECT_TRUE(open_store(store_url())->get(hosted("reports"), report).has_value());
+  EXPECT_EQ(upstream_.executions_of(report), 1);
+}
+
+TEST_F(ProxyTest, ARoutesFileWithAnUnknownFieldIsRefusedNamingIt) {
+  const fs::path routes = dir_ / "routes.json";
+  std::ofstream(routes) << R"({"routes": [{"path": "/pay", "requires_key": true}]})";
+  const int status = run({IDEM_BINARY, "proxy", "--listen", "127.0.0.1:0", "--upstream",
+                          upstream_.url(), "--store", store_url(), "--routes", routes.string()},
+                         dir_ / "bad.out", dir_ / "bad.err");
+  EXPECT_EQ(status, 64);
+  EXPECT_THAT(read_file(dir_ / "bad.err"),
+              AllOf(HasSubstr("--routes"), HasSubstr("route 1"), HasSubstr("\"requires_key\"")));
+}
+
+TEST_F(ProxyTest, KeyHeaderNameIsConfigurable) {
+  auto proxy = start_proxy({"--key-header", "X-Idempotency-Key"});
+  const std::string k = key("k");
+  EXPECT_FALSE(request(proxy->port(), "POST", "/pay", {{"X-Idempotency-Key", k}}).replayed());
+  EXPECT_TRUE(request(proxy->port(), "POST", "/pay", {{"X-Idempotency-Key", k}}).replayed());
+  // The draft's header means nothing to this proxy: such requests pass through.
+  const std::string other = key("other");
+  EXPECT_FALSE(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", other}}).replayed());
+  EXPECT_FALSE(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", other}}).replayed());
+  EXPECT_EQ(upstream_.executions().size(), 3u);
+}
+
+TEST_F(ProxyTest, EveryOptionComesFromTheEnvironmentToo) {
+  ProxyProcess proxy(ProxyProcess::Exactly{}, dir_.path(), "env", {},
+                     {"IDEM_PROXY_LISTEN=127.0.0.1:0", "IDEM_PROXY_UPSTREAM=" + upstream_.url(),
+                      "IDEM_STORE=" + store_url(), "IDEM_PROXY_KEY_HEADER=PayPal-Request-Id",
+                      "IDEM_PROXY_REQUIRE_KEY=true", "IDEM_PROXY_KEY_FORMAT=uuid",
+                      "IDEM_PROXY_METHODS=POST,PUT", "IDEM_PROXY_ACCESS_LOG=1"});
+  EXPECT_THAT(request(proxy.port(), "PUT", "/pay").body, HasSubstr("\"code\":\"missing-key\""));
+  const std::string uuid = "1e03978e-40d5-43e8-bc93-6894a57f9324";
+  EXPECT_FALSE(request(proxy.port(), "PUT", "/pay", {{"PayPal-Request-Id", uuid}}).replayed());
+  EXPECT_TRUE(request(proxy.port(), "PUT", "/pay", {{"PayPal-Request-Id", uuid}}).replayed());
+  EXPECT_TRUE(proxy.logged("PUT /pay 200 replayed"));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -392,6 +392,36 @@ TEST(Options, ListenAndUpstreamAddresses) {
   }
 }
 
+TEST(Routes, GlobsMatchWithinASegmentOrAcrossSegments) {
+  EXPECT_TRUE(path_matches("/orders", "/orders"));
+  EXPECT_FALSE(path_matches("/orders", "/orders/7"));
+  EXPECT_TRUE(path_matches("/orders/*", "/orders/7"));
+  EXPECT_FALSE(path_matches("/orders/*", "/orders/7/items"));
+  EXPECT_TRUE(path_matches("/orders/*/items", "/orders/7/items"));
+  EXPECT_TRUE(path_matches("/orders/**", "/orders/7/items/3"));
+  EXPECT_TRUE(path_matches("/orders/**", "/orders"));
+  EXPECT_TRUE(path_matches("/**/refunds", "/v1/payments/7/refunds"));
+  EXPECT_FALSE(path_matches("/**/refunds", "/v1/payments/7/refund"));
+  EXPECT_TRUE(path_matches("/v*/pay", "/v2/pay"));
+  EXPECT_FALSE(path_matches("/v*/pay", "/pay"));
+  // Many stars stay linear: no backtracking blow-up on a long path.
+  EXPECT_FALSE(path_matches("/**/*a*a*a*a*a*b", "/" + std::string(10000, 'a')));
+}
+
+TEST(Routes, TheFirstMatchingRouteWinsElseTheFlagsPolicy) {
+  ProxyOptions o;
+  o.policy.require_key = false;
+  Route strict{"/pay/**", o.policy};
+  strict.policy.require_key = true;
+  Route open{"/**", o.policy};
+  open.policy.protect = false;
+  o.routes = {strict, open};
+  EXPECT_TRUE(policy_for(o, "/pay/eu").require_key);
+  EXPECT_FALSE(policy_for(o, "/other").protect);
+  o.routes.pop_back();
+  EXPECT_EQ(&policy_for(o, "/other"), &o.policy);
+}
+
 TEST(Options, MethodsAndStatusLists) {
   EXPECT_THAT(parse_methods("post, Patch,PUT"), ElementsAre("POST", "PATCH", "PUT"));
   EXPECT_THROW(parse_methods("POST,,PUT"), std::invalid_argument);
