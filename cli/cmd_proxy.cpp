@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "proxy/log.h"
 #include "proxy/options.h"
 #include "proxy/server.h"
 
@@ -60,6 +61,10 @@ struct ProxyArgs {
   bool access_log = false;
   std::string problem_type_base;
   std::string routes;
+  std::string admin;
+  bool no_purge = false;
+  std::string purge_interval = "5m";
+  std::string log_format = "logfmt";
   std::string key_header = "Idempotency-Key";
   std::string key_format = "any";
 };
@@ -229,6 +234,12 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
   o.problem_type_base = a.problem_type_base;
   o.key_header = option_value("--key-header", [&] { return proxy::parse_header_name(a.key_header); });
   p.key_format = option_value("--key-format", [&] { return proxy::parse_key_format(a.key_format); });
+  if (!a.admin.empty()) {
+    option_value("--admin", [&] { proxy::parse_address(a.admin, o.admin_address, o.admin_port); });
+  }
+  o.purge = !a.no_purge;
+  o.purge_interval = duration_option("--purge-interval", a.purge_interval, false);
+  o.log_format = option_value("--log-format", [&] { return proxy::parse_log_format(a.log_format); });
   // Last: every route starts from the flags' policy.
   if (!a.routes.empty()) o.routes = load_routes(a.routes, o.policy);
   return o;
@@ -236,7 +247,7 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
 
 // Raises the soft limit on open files to the hard one (a proxy holds two descriptors per
 // request in flight), and says when even that is below what the connection limits need.
-void raise_open_files(const proxy::ProxyOptions& o) {
+void raise_open_files(const proxy::ProxyOptions& o, const proxy::Logger& log) {
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
   const rlim_t before = limit.rlim_cur;
@@ -247,13 +258,11 @@ void raise_open_files(const proxy::ProxyOptions& o) {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
   if (limit.rlim_cur != before) {
-    print_error(kName, fmt::format("open files: raised the limit from {} to {}", before,
-                                   limit.rlim_cur));
+    log.info(fmt::format("open files: raised the limit from {} to {}", before, limit.rlim_cur));
   }
   const std::size_t needed = o.max_connections + o.upstream_connections + 64;
   if (limit.rlim_cur < needed) {
-    print_error(kName,
-                fmt::format("warning: the open-file limit ({}) is below what --max-connections "
+    log.warn(fmt::format("the open-file limit ({}) is below what --max-connections "
                             "and --upstream-connections need ({}); connections beyond it fail. "
                             "Raise it (ulimit -n, or LimitNOFILE= in a systemd unit), or lower "
                             "--max-connections",
@@ -263,9 +272,10 @@ void raise_open_files(const proxy::ProxyOptions& o) {
 
 int run_proxy(const ProxyArgs& args) {
   proxy::ProxyOptions options = to_options(args);
-  raise_open_files(options);
-  proxy::Server server(options, open_cli_store(args.store, StoreAccess::kCreate),
-                       [](const std::string& line) { print_error(kName, line); });
+  // The error log is always on, on stderr, one line a write (docs/proxy.md, "Logs").
+  proxy::Logger log(options.log_format, [](std::string_view line) { (void)write_all(2, line); });
+  raise_open_files(options, log);
+  proxy::Server server(options, open_cli_store(args.store, StoreAccess::kCreate), log);
   try {
     server.run();
   } catch (const std::invalid_argument& e) {
@@ -364,7 +374,19 @@ Command add_proxy_command(CLI::App& parent) {
                   "Most upstream connections at once")
       ->capture_default_str()
       ->type_name("N");
-  app->add_flag("--access-log", a->access_log, "Log one line per request on stderr");
+  app->add_flag("--access-log", a->access_log,
+                "Log one line per request on stderr (besides the error log, always on)");
+  opt("--log-format", a->log_format, "The log lines' format: logfmt or json")
+      ->type_name("FORMAT");
+  opt("--admin", a->admin,
+      "Where the admin listener serves /livez, /readyz (checks the store) and /metrics "
+      "(Prometheus); none by default")
+      ->type_name("ADDR:PORT");
+  app->add_flag("--no-purge", a->no_purge,
+                "Do not purge expired records in the background (another proxy, or idem purge, "
+                "does it)");
+  opt("--purge-interval", a->purge_interval, "How often expired records are purged")
+      ->type_name("DURATION");
   opt("--routes", a->routes,
       "A JSON file of per-route policies: which paths idem protects, with which methods, "
       "key rules, scope, TTL, released statuses and record limit (docs/proxy.md, \"Routes\")")

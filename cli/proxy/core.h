@@ -21,6 +21,10 @@
 #include <unordered_map>
 
 #include "idem/executor.h"
+#include "idem/metrics.h"
+#include "idem/purger.h"
+#include "log.h"
+#include "metrics.h"
 #include "net.h"
 #include "options.h"
 #include "server.h"
@@ -28,6 +32,7 @@
 
 namespace idem::proxy {
 
+class Admin;
 class Exchange;
 
 // Something the graceful shutdown waits for and, when the drain runs out, aborts: a client
@@ -45,17 +50,23 @@ class Drainable {
 };
 
 struct Server::Core : std::enable_shared_from_this<Server::Core> {
-  Core(ProxyOptions opts, std::shared_ptr<Store> store, std::function<void(const std::string&)> log);
+  Core(ProxyOptions opts, std::shared_ptr<Store> store, Logger log);
 
   const ProxyOptions options;
-  const std::function<void(const std::string&)> log;
+  const Logger logger;
+  ProxyMetrics metrics;
+  ExecutorMetrics executor_metrics;
   asio::io_context ioc;
   // Keeps the I/O threads running while store calls are out on the pool; dropped when the
   // drain ends.
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   asio::thread_pool store_pool;
+  // The store, timed into `metrics` (TimedStore), and the executor over it.
+  std::shared_ptr<Store> store;
   Executor executor;
   std::optional<UpstreamPool> upstream;
+  std::shared_ptr<Admin> admin;
+  std::optional<Purger> purger;
   tcp::acceptor acceptor;
   asio::signal_set signals;
   asio::steady_timer drain_timer;

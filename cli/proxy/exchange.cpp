@@ -255,6 +255,7 @@ void Exchange::start_read_head() {
         // An interim answer (103 Early Hints, a stray 100): the real one follows.
         if (status >= 100 && status < 200 && status != 101) return self->start_read_head();
         self->disarm();
+        self->core_->metrics.upstream.observe(SteadyClock::now() - self->started_);
         self->phase_ = Phase::kBody;
         if (self->handle_.active()) self->begin_recording();
         if (self->detached_) return self->start_read_piece();
@@ -448,7 +449,9 @@ void Exchange::settle(Settled done) {
   if (!recording_) {
     // The status says the request did not run (SPEC §13): the retry runs it.
     return core_->on_store([self = shared_from_this(), done = std::move(done)]() mutable {
+      const auto start = SteadyClock::now();
       self->handle_.release();
+      self->store_time_ += SteadyClock::now() - start;
       back_to(*self->core_, self->strand_, [done = std::move(done)] { done("released"); });
     });
   }
@@ -461,6 +464,7 @@ void Exchange::settle(Settled done) {
   core_->on_store([self = shared_from_this(), bytes = std::move(bytes),
                    done = std::move(done)]() mutable {
     std::string outcome = self->too_large_ ? "too-large" : "recorded";
+    const auto start = SteadyClock::now();
     try {
       (void)self->handle_.complete(std::move(bytes));
     } catch (const PayloadTooLarge&) {
@@ -472,6 +476,7 @@ void Exchange::settle(Settled done) {
     } catch (const std::exception&) {
       outcome = "error";
     }
+    self->store_time_ += SteadyClock::now() - start;
     back_to(*self->core_, self->strand_,
             [done = std::move(done), outcome = std::move(outcome)] { done(outcome); });
   });
@@ -502,7 +507,9 @@ void Exchange::give_up(const Status& status, Settled done) {
     return done("held");
   }
   core_->on_store([self = shared_from_this(), done = std::move(done)]() mutable {
+    const auto start = SteadyClock::now();
     self->handle_.release();
+    self->store_time_ += SteadyClock::now() - start;
     back_to(*self->core_, self->strand_, [done = std::move(done)] { done("released"); });
   });
 }
@@ -520,9 +527,9 @@ void Exchange::background_piece(const Status&, bool last) {
 void Exchange::end_background(std::string outcome, const std::string& why) {
   disarm();
   if (background_id_ == 0) return;
-  core_->log("request " + label_ + ", read on alone: " + why + "; the record is " +
-             (outcome == "held" ? std::string("held until its lease runs out")
-                                : "now " + outcome));
+  core_->logger.log(outcome == "held" ? Level::kWarn : Level::kInfo,
+                    "read the answer on alone: " + why,
+                    {{"request_id", label_}, {"record", outcome}});
   core_->forget(background_id_, /*connection=*/false);
   background_id_ = 0;
 }

@@ -100,6 +100,8 @@ class Exchange : public Drainable, public std::enable_shared_from_this<Exchange>
   // Keyed: whether the answer will be recorded as a marker (its Content-Length says it is
   // too large already, or its body grew past the policy's max_record).
   bool too_large() const { return too_large_; }
+  // How long this exchange's store calls took (settle, give_up).
+  SteadyClock::duration store_time() const { return store_time_; }
 
   // Keyed, after the last piece: records the answer (or a marker), or releases the record
   // when its status says the request did not run.
@@ -183,6 +185,7 @@ class Exchange : public Drainable, public std::enable_shared_from_this<Exchange>
   RecordedResponse record_;
   bool too_large_ = false;
   std::uint64_t body_size_ = 0;
+  SteadyClock::duration store_time_{};
 };
 
 }  // namespace idem::proxy

@@ -143,6 +143,14 @@ struct ProxyOptions {
   // Problem answers: `type` is this URL followed by the problem's code, or "about:blank".
   std::string problem_type_base;
 
+  // The admin listener (/livez, /readyz, /metrics); an empty address: none.
+  std::string admin_address;
+  std::uint16_t admin_port = 0;
+
+  // Purge expired records in the background every purge_interval (SPEC §8).
+  bool purge = true;
+  Duration purge_interval = 5min;
+
   // Logs: one line per request (the access log) besides the error log, which is always on.
   bool access_log = false;
   LogFormat log_format = LogFormat::kLogfmt;

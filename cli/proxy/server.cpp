@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "admin.h"
 #include "core.h"
 #include "exchange.h"
 #include "idem/error.h"
@@ -53,32 +54,16 @@ bool idempotent_method(http::verb v) {
          v == http::verb::delete_ || v == http::verb::options || v == http::verb::trace;
 }
 
-// Shows bytes a client sent safely in a log line.
-std::string printable(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (char c : text) {
-    auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '\\' && c != '"') {
-      out += c;
-    } else {
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0x0f];
-    }
-  }
-  return out;
-}
-
 Duration jittered(Duration d) {
   thread_local std::minstd_rand rng{std::random_device{}()};
   std::uniform_int_distribution<std::int64_t> dist(d.count() / 2, d.count());
   return Duration{dist(rng)};
 }
 
-ExecutorOptions executor_options(const ProxyOptions& o) {
+ExecutorOptions executor_options(const ProxyOptions& o, ExecutorMetrics& metrics) {
   ExecutorOptions e;
   e.lease = o.lease;
+  e.on_event = metrics.hook();
   // Each route's max_record is checked before complete; the executor takes what SPEC §10
   // allows.
   e.max_payload = kMaxPayloadBytes;
@@ -93,18 +78,25 @@ struct BeginOutcome {
   const char* code = nullptr;
   const char* text = nullptr;
   std::string detail;
+  // How long the store call took.
+  SteadyClock::duration took{};
 };
+
+std::string shown_address(const tcp::endpoint& e) {
+  const std::string address = e.address().to_string();
+  return (e.address().is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(e.port());
+}
 
 }  // namespace
 
-Server::Core::Core(ProxyOptions opts, std::shared_ptr<Store> store,
-                   std::function<void(const std::string&)> log_line)
+Server::Core::Core(ProxyOptions opts, std::shared_ptr<Store> raw_store, Logger log)
     : options(std::move(opts)),
-      log(std::move(log_line)),
+      logger(std::move(log)),
       ioc(static_cast<int>(std::max(1u, options.io_threads))),
       work(asio::make_work_guard(ioc)),
       store_pool(std::max(1u, options.store_threads)),
-      executor(std::move(store), executor_options(options)),
+      store(std::make_shared<TimedStore>(std::move(raw_store), metrics)),
+      executor(store, executor_options(options, executor_metrics)),
       acceptor(ioc),
       signals(ioc),
       drain_timer(ioc) {}
@@ -398,6 +390,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   void begin() {
     core_->on_store([self = shared_from_this()] {
       BeginOutcome out;
+      const auto start = SteadyClock::now();
       try {
         out.result.emplace(self->core_->executor.begin(
             self->scope_, self->key_,
@@ -415,11 +408,13 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
         out = {std::nullopt, 500, "internal-error",
                "the proxy failed to handle this request; it was not forwarded", e.what()};
       }
+      out.took = SteadyClock::now() - start;
       self->back([self, out = std::move(out)]() mutable { self->on_begun(std::move(out)); });
     });
   }
 
   void on_begun(BeginOutcome out) {
+    store_time_ += out.took;
     if (!out.result) {
       outcome_ = out.code;
       if (!out.detail.empty()) log_detail(out.detail);
@@ -520,6 +515,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void on_head(const Exchange::Status& s) {
     if (!s.ok()) return on_upstream_failed(s);
+    upstream_time_ = SteadyClock::now() - forwarded_at_;
     out_ = {};
     out_.base() = exchange_->head();
     prepare_streamed(out_, head_, core_->draining || aborted_);
@@ -558,6 +554,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void finish_answer(std::string_view piece) {
     if (out_.result_int() != 0 && !warned_cookie_checked_ && keyed_) warn_about_cookies();
+    if (exchange_) store_time_ += exchange_->store_time();
+    bytes_out_ += piece.size();
     log_request(out_.result_int());
     write_piece(piece, /*more=*/false, [self = shared_from_this()] {
       self->exchange_.reset();
@@ -569,10 +567,11 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     warned_cookie_checked_ = true;
     if (out_.count(http::field::set_cookie) != 0 && !has_credentials(head_, core_->options) &&
         !core_->warned_cookie.exchange(true)) {
-      core_->log("request " + client_.request_id +
-                 ": the answer sets a cookie, and the request carries no credentials in its "
-                 "scope (no Authorization header, no --credential-cookie); its duplicates get "
-                 "410 cookie-not-replayed. Name the session cookie with --credential-cookie");
+      core_->logger.warn(
+          "the answer sets a cookie, and the request carries no credentials in its scope (no "
+          "Authorization header, no --credential-cookie); its duplicates get 410 "
+          "cookie-not-replayed. Name the session cookie with --credential-cookie",
+          {{"request_id", client_.request_id}});
     }
   }
 
@@ -586,6 +585,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     body.size = piece.size();
     body.more = more;
     if (!writer_) writer_.emplace(out_);
+    if (more) bytes_out_ += piece.size();
     writing_ = true;
     stream_.expires_after(core_->options.client_timeout);
     http::async_write(stream_, *writer_,
@@ -600,6 +600,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   }
 
   void client_gone() {
+    if (!logged_) {
+      outcome_ = "client-gone";
+      log_request(out_.result_int());
+    }
     if (exchange_) {
       if (exchange_->keyed() && !exchange_->done()) {
         exchange_->finish_alone();
@@ -668,8 +672,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     }
     auto settled = [self = shared_from_this(), res = std::move(res)](std::string outcome) mutable {
       self->outcome_ = outcome.empty() ? "error" : std::move(outcome);
-      self->exchange_.reset();
       self->answer(std::move(res));
+      self->exchange_.reset();
     };
     if (s.failure == Failure::kTooLarge) return exchange_->settle_as_marker(std::move(settled));
     exchange_->give_up(s, std::move(settled));
@@ -701,12 +705,14 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void log_detail(const std::string& detail) {
     if (detail.empty()) return;
-    core_->log("request " + client_.request_id + ": " + detail);
+    core_->logger.error(detail, {{"request_id", client_.request_id}});
   }
 
   void answer(Response res) {
     res_ = std::move(res);
     prepare_for_client(res_, head_, core_->draining || aborted_);
+    bytes_out_ = res_.body().size();
+    if (exchange_) store_time_ += exchange_->store_time();
     log_request(res_.result_int());
     write_own();
   }
@@ -722,6 +728,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     }
     res_ = std::move(res);
     prepare_for_client(res_, head_, true);
+    bytes_out_ = res_.body().size();
     log_request(res_.result_int());
     write_own();
   }
@@ -748,18 +755,36 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     outcome_.clear();
     header_sent_ = false;
     warned_cookie_checked_ = false;
+    logged_ = false;
+    store_time_ = {};
+    upstream_time_.reset();
+    bytes_out_ = 0;
     read_request();
   }
 
+  // The request is answered (or ended): counted, and one line in the access log.
   void log_request(unsigned status) {
+    if (logged_) return;
+    logged_ = true;
+    const std::string outcome = outcome_.empty() ? "answered" : outcome_;
+    core_->metrics.count(outcome);
     if (!core_->options.access_log) return;
-    auto ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started_).count();
-    std::string line = std::string(head_.method_string()) + " " + printable(head_.target()) + " " +
-                       std::to_string(status) + " " + (outcome_.empty() ? "answered" : outcome_);
-    if (!key_.empty() && keyed_) line += " key=\"" + printable(key_) + "\"";
-    char took[32];
-    std::snprintf(took, sizeof took, " %.2f ms", ms);
-    core_->log(line + took);
+    auto ms = [](SteadyClock::duration d) {
+      return millis(std::chrono::duration<double, std::milli>(d).count());
+    };
+    std::vector<Field> fields = {
+        {"request_id", client_.request_id},
+        {"client", client_.address + ":" + std::to_string(client_.port)},
+        {"method", std::string(head_.method_string())},
+        {"target", std::string(head_.target())},
+        {"status", std::to_string(status), true},
+        {"outcome", outcome}};
+    if (keyed_ && !key_.empty()) fields.push_back({"key", key_});
+    if (upstream_time_) fields.push_back({"upstream_ms", ms(*upstream_time_), true});
+    if (keyed_) fields.push_back({"store_ms", ms(store_time_), true});
+    fields.push_back({"total_ms", ms(SteadyClock::now() - started_), true});
+    fields.push_back({"bytes", std::to_string(bytes_out_), true});
+    core_->logger.info("request", fields);
   }
 
   void close() {
@@ -797,6 +822,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   std::string outcome_;
   bool header_sent_ = false;
   bool warned_cookie_checked_ = false;
+  bool logged_ = false;
+  SteadyClock::duration store_time_{};
+  std::optional<SteadyClock::duration> upstream_time_;
+  std::uint64_t bytes_out_ = 0;
 
   // Requests answered on this connection.
   std::uint64_t served_ = 0;
@@ -910,7 +939,7 @@ void Server::Core::accept() {
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
       // Out of descriptors or similar: say so, and try again shortly rather than spin.
-      log("accept failed: " + ec.message());
+      logger.error("accept failed: " + ec.message());
       auto timer = std::make_shared<asio::steady_timer>(ioc, std::chrono::milliseconds(50));
       return timer->async_wait([this, timer](beast::error_code) { accept(); });
     }
@@ -938,7 +967,7 @@ void Server::Core::start_drain(const std::string& why) {
   acceptor.close(ignored);
   signals.cancel(ignored);
   std::vector<std::shared_ptr<Drainable>> now = live_now();
-  log(why + ": stopped accepting; finishing " + std::to_string(now.size()) +
+  logger.info(why + ": stopped accepting; finishing " + std::to_string(now.size()) +
       " connection(s) and late answer(s) (at most " +
       std::to_string(options.drain_timeout.count()) + " ms)");
   for (auto& d : now) d->drain();
@@ -959,14 +988,14 @@ void Server::Core::start_drain(const std::string& why) {
 
 void Server::Core::abort_all() {
   std::vector<std::shared_ptr<Drainable>> now = live_now();
-  log("drain timeout: cancelling " + std::to_string(now.size()) +
+  logger.warn("drain timeout: cancelling " + std::to_string(now.size()) +
       " request(s); keys whose request may have reached the upstream stay held until their "
       "leases run out");
   for (auto& d : now) d->abort();
   drain_timer.expires_after(kAbortGrace);
   drain_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
-    log("requests still open after the grace period; stopping");
+    logger.warn("requests still open after the grace period; stopping");
     ioc.stop();
   });
 }
@@ -974,11 +1003,11 @@ void Server::Core::abort_all() {
 void Server::Core::finish() {
   drain_timer.cancel();
   if (upstream) upstream->close_idle();
+  if (admin) admin->close();
   work.reset();
 }
 
-Server::Server(ProxyOptions options, std::shared_ptr<Store> store,
-               std::function<void(const std::string&)> log)
+Server::Server(ProxyOptions options, std::shared_ptr<Store> store, Logger log)
     : core_(std::make_shared<Core>(std::move(options), std::move(store), std::move(log))) {}
 
 Server::~Server() = default;
@@ -1013,12 +1042,28 @@ void Server::run() {
   fail("bind");
   core.acceptor.listen(asio::socket_base::max_listen_connections, ec);
   fail("listen");
-  tcp::endpoint bound = core.acceptor.local_endpoint();
-  std::string shown = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
-                                              : bound.address().to_string();
-  core.log("listening on " + shown + ":" + std::to_string(bound.port()) + ", forwarding to http://" +
-           o.upstream_host + ":" + std::to_string(o.upstream_port) + ", store " +
-           core.executor.store().describe());
+  core.logger.info("listening on " + shown_address(core.acceptor.local_endpoint()) +
+                   ", forwarding to http://" + o.upstream_host + ":" +
+                   std::to_string(o.upstream_port) + ", store " +
+                   core.executor.store().describe());
+  if (!o.admin_address.empty()) {
+    core.admin = std::make_shared<Admin>(core_);
+    tcp::endpoint admin = core.admin->listen(o.admin_address, o.admin_port);
+    core.logger.info("admin listening on " + shown_address(admin) +
+                     " (/livez, /readyz, /metrics)");
+    core.admin->accept();
+  }
+  if (o.purge) {
+    // SPEC §8: expired records go in bounded batches, off the request path.
+    core.purger.emplace(core.store,
+                        PurgerOptions{.interval = o.purge_interval,
+                                      .on_error = [&core](const std::exception& e) {
+                                        core.logger.error("purging expired records failed",
+                                                          {{"error", e.what()}});
+                                      }});
+    core.logger.info("purging expired records every " +
+                     std::to_string(o.purge_interval.count() / 1000) + " s");
+  }
 
   core.signals.add(SIGTERM);
   core.signals.add(SIGINT);
@@ -1040,7 +1085,8 @@ void Server::run() {
   // releases it.
   core.store_pool.join();
   for (auto& d : core.live_now()) d->abandon_unfinished();
-  core.log("stopped");
+  core.purger.reset();
+  core.logger.info("stopped");
 }
 
 }  // namespace idem::proxy

@@ -236,6 +236,13 @@ void ProxyProcess::wait_until_listening() {
   port_ = static_cast<std::uint16_t>(std::stoi(text.substr(text.find(marker) + marker.size())));
 }
 
+std::uint16_t ProxyProcess::admin_port() const {
+  const std::string marker = "admin listening on 127.0.0.1:";
+  std::string text = log();
+  if (text.find(marker) == std::string::npos) throw std::runtime_error("no admin listener: " + text);
+  return static_cast<std::uint16_t>(std::stoi(text.substr(text.find(marker) + marker.size())));
+}
+
 bool ProxyProcess::logged(const std::string& text) const {
   return log().find(text) != std::string::npos;
 }
@@ -395,6 +402,12 @@ bool RawConnection::read_until(const std::string& text, std::chrono::millisecond
     received_.append(chunk, static_cast<std::size_t>(n));
   }
   return true;
+}
+
+std::uint16_t free_port() {
+  asio::io_context ioc;
+  tcp::acceptor acceptor(ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
 }
 
 bool refuses_connections(std::uint16_t port) {

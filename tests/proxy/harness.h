@@ -109,6 +109,8 @@ class ProxyProcess {
                const std::vector<std::string>& args, const std::vector<std::string>& env);
   std::uint16_t port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  // The admin listener's port (--admin 127.0.0.1:0), from the log.
+  std::uint16_t admin_port() const;
   void signal(int sig) const { child_->signal(sig); }
   int wait() { return child_->wait(); }
   std::string log() const { return read_file(err_); }
@@ -188,6 +190,9 @@ class RawConnection {
   int fd_ = -1;
   std::string received_;
 };
+
+// A port nothing listens on right now (bound and released), for servers a test starts.
+std::uint16_t free_port();
 
 // Whether a TCP connection to the port is refused.
 bool refuses_connections(std::uint16_t port);

@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -828,11 +830,11 @@ TEST_F(ProxyStoreDownTest, ProblemAnswersShowNoInternalsButARequestIdTheLogExpla
   EXPECT_EQ(r.header("X-Request-Id"), std::string("req-7f3a"));
   EXPECT_TRUE(r.header("Date").has_value());
   // The operator finds the cause under the same id.
-  EXPECT_TRUE(eventually([&] { return proxy->logged("req-7f3a"); }));
+  EXPECT_TRUE(eventually([&] { return proxy->logged("level=error"); }));
   std::string log = proxy->log();
-  std::string line = log.substr(log.find("request req-7f3a"));
-  line = line.substr(0, line.find('\n'));
-  EXPECT_THAT(line, HasSubstr("idem.db"));
+  std::string line = log.substr(0, log.find("request_id=req-7f3a"));
+  line = line.substr(line.rfind('\n') + 1);
+  EXPECT_THAT(line, AllOf(HasSubstr("level=error"), HasSubstr("idem.db")));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1027,7 +1029,160 @@ TEST_F(ProxyTest, EveryOptionComesFromTheEnvironmentToo) {
   const std::string uuid = "1e03978e-40d5-43e8-bc93-6894a57f9324";
   EXPECT_FALSE(request(proxy.port(), "PUT", "/pay", {{"PayPal-Request-Id", uuid}}).replayed());
   EXPECT_TRUE(request(proxy.port(), "PUT", "/pay", {{"PayPal-Request-Id", uuid}}).replayed());
-  EXPECT_TRUE(proxy.logged("PUT /pay 200 replayed"));
+  EXPECT_TRUE(proxy.logged("method=PUT target=/pay status=200 outcome=replayed"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Health, metrics, logs, purging.
+
+// The value of a metric line (`name` with its labels, as written) in a Prometheus text.
+std::optional<double> metric(const std::string& text, const std::string& name) {
+  const std::string line = "\n" + name + " ";
+  const auto at = text.find(line);
+  if (at == std::string::npos) return std::nullopt;
+  return std::stod(text.substr(at + line.size()));
+}
+
+TEST_F(ProxyTest, AdminListenerServesLivenessReadinessAndMetricsApartFromTheProxiedPort) {
+  auto proxy = start_proxy({"--admin", "127.0.0.1:0", "--drain-timeout", "30s"});
+  const std::uint16_t admin = proxy->admin_port();
+  EXPECT_EQ(request(admin, "GET", "/livez").body, "ok\n");
+  Reply ready = request(admin, "GET", "/readyz");
+  EXPECT_EQ(ready.status, 200u) << ready.body;
+
+  const std::string k = key("k");
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "a").status, 200u);
+  EXPECT_TRUE(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "a").replayed());
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}}, "b").status, 422u);
+  const std::string gated = key("gated");
+  Reply first;
+  std::thread owner = send_gated(proxy->port(), gated, first);
+  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", gated}}).status, 409u);
+  EXPECT_EQ(request(proxy->port(), "GET", "/plain").status, 200u);
+
+  Reply scrape = request(admin, "GET", "/metrics");
+  ASSERT_EQ(scrape.status, 200u);
+  EXPECT_THAT(scrape.header("Content-Type"), Optional(HasSubstr("version=0.0.4")));
+  const std::string& m = scrape.body;
+  EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"recorded\"}"), 1.0);
+  EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"replayed\"}"), 1.0);
+  EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"key-reuse\"}"), 1.0);
+  EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"in-progress\"}"), 1.0);
+  EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"passed\"}"), 1.0);
+  EXPECT_EQ(metric(m, "idem_proxy_connections"), 1.0);  // the gated request's
+  EXPECT_EQ(metric(m, "idem_leases_active"), 1.0);
+  EXPECT_GE(metric(m, "idem_proxy_store_seconds_count{op=\"acquire\"}").value_or(0), 4.0);
+  EXPECT_GE(metric(m, "idem_proxy_store_seconds_count{op=\"complete\"}").value_or(0), 1.0);
+  EXPECT_GE(metric(m, "idem_proxy_upstream_seconds_count").value_or(0), 2.0);
+  EXPECT_TRUE(metric(m, "idem_proxy_upstream_seconds_bucket{le=\"+Inf\"}").has_value());
+  EXPECT_EQ(metric(m, "idem_calls_total{outcome=\"ran\"}"), 1.0);
+  EXPECT_EQ(metric(m, "idem_leases_total{event=\"stolen\"}"), 0.0);
+  // The proxied port knows nothing of it: /metrics there is the upstream's.
+  EXPECT_THAT(request(proxy->port(), "GET", "/metrics").body, Not(HasSubstr("idem_proxy")));
+
+  // Draining: not ready any more, while the request in flight finishes.
+  proxy->signal(SIGTERM);
+  ASSERT_TRUE(eventually([&] { return proxy->logged("SIGTERM: stopped accepting"); }));
+  EXPECT_EQ(request(admin, "GET", "/readyz").status, 503u);
+  EXPECT_EQ(request(admin, "GET", "/livez").status, 200u);
+  upstream_.open_gate(gated);
+  owner.join();
+  EXPECT_EQ(first.status, 200u);
+  EXPECT_EQ(proxy->wait(), 0);
+}
+
+TEST_F(ProxyTest, ReadinessFollowsTheStore) {
+  const auto schemes = idem::available_schemes();
+  if (std::find(schemes.begin(), schemes.end(), "redis") == schemes.end() ||
+      !fs::exists("/usr/bin/redis-server")) {
+    GTEST_SKIP() << "this build has no Redis store, or redis-server is not installed";
+  }
+  const std::uint16_t port = free_port();
+  auto redis = [&] {
+    return std::make_unique<Child>(
+        std::vector<std::string>{"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port",
+                                 std::to_string(port), "--save", "", "--appendonly", "no",
+                                 "--dir", dir_.path().string()},
+        dir_ / "redis.out", dir_ / "redis.err");
+  };
+  auto server = redis();
+  ASSERT_TRUE(eventually([&] { return !refuses_connections(port); }));
+  ProxyProcess proxy(dir_.path(), "proxy", upstream_.url(),
+                     "redis://127.0.0.1:" + std::to_string(port) + "/0?timeout=500&connect_timeout=500",
+                     {"--admin", "127.0.0.1:0"});
+  const std::uint16_t admin = proxy.admin_port();
+  EXPECT_EQ(request(admin, "GET", "/readyz").status, 200u);
+  server.reset();  // SIGKILL
+  EXPECT_TRUE(eventually([&] { return request(admin, "GET", "/readyz").status == 503u; }));
+  EXPECT_EQ(request(admin, "GET", "/livez").status, 200u);
+  EXPECT_TRUE(proxy.logged("readiness: the store does not answer"));
+  server = redis();
+  EXPECT_TRUE(eventually([&] { return request(admin, "GET", "/readyz").status == 200u; }));
+}
+
+TEST_F(ProxyTest, AccessLogInJsonTellsWhatHappenedAndTheUpstreamLearnsWhoAsked) {
+  auto proxy = start_proxy({"--log-format", "json"});
+  Reply passed = request(proxy->port(), "POST", "/echo",
+                         {{"X-Test-Echo", "1"}, {"X-Request-Id", "rid-1"},
+                          {"X-Forwarded-For", "203.0.113.9"}});
+  ASSERT_EQ(passed.status, 200u);
+  EXPECT_THAT(passed.body, AllOf(HasSubstr("X-Forwarded-For: 203.0.113.9, 127.0.0.1\n"),
+                                 HasSubstr("Forwarded: for=127.0.0.1\n"),
+                                 HasSubstr("Via: 1.1 idem\n"), HasSubstr("X-Request-Id: rid-1\n")));
+  const std::string k = key("k");
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Request-Id", "rid-2"}})
+                .status,
+            200u);
+  // Each request id names one line of JSON with the outcome and where the time went.
+  auto line_of = [&](const std::string& id) {
+    std::istringstream in(proxy->log());
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"request_id\":\"" + id + "\"") != std::string::npos) {
+        return nlohmann::json::parse(line);
+      }
+    }
+    return nlohmann::json();
+  };
+  ASSERT_TRUE(eventually([&] { return !line_of("rid-2").is_null(); }));
+  nlohmann::json a = line_of("rid-1"), b = line_of("rid-2");
+  EXPECT_EQ(a["msg"], "request");
+  EXPECT_EQ(a["level"], "info");
+  EXPECT_TRUE(a["ts"].is_string());
+  EXPECT_EQ(a["client"].get<std::string>().rfind("127.0.0.1:", 0), 0u);
+  EXPECT_EQ(a["method"], "POST");
+  EXPECT_EQ(a["target"], "/echo");
+  EXPECT_EQ(a["status"], 200);
+  EXPECT_EQ(a["outcome"], "passed");
+  EXPECT_TRUE(a["upstream_ms"].is_number());
+  EXPECT_TRUE(a["total_ms"].is_number());
+  EXPECT_TRUE(a["bytes"].is_number());
+  EXPECT_FALSE(a.contains("store_ms"));
+  EXPECT_EQ(b["outcome"], "recorded");
+  EXPECT_EQ(b["key"], k);
+  EXPECT_TRUE(b["store_ms"].is_number());
+  // The error log is JSON as well.
+  EXPECT_TRUE(proxy->logged("\"msg\":\"listening on 127.0.0.1:"));
+}
+
+TEST_F(ProxyTest, ExpiredRecordsArePurgedInTheBackgroundUnlessTurnedOff) {
+  auto purging = start_proxy({"--ttl", "1s", "--purge-interval", "200ms"}, "purging");
+  auto keeping = start_proxy({"--ttl", "1s", "--no-purge"}, "keeping");
+  EXPECT_TRUE(purging->logged("purging expired records every"));
+  EXPECT_FALSE(keeping->logged("purging expired records every"));
+  const std::string gone = key("gone");
+  ASSERT_EQ(request(purging->port(), "POST", "/pay", {{"Idempotency-Key", gone}}).status, 200u);
+  ASSERT_TRUE(record("POST /pay", gone).has_value());
+  EXPECT_TRUE(eventually([&] { return !record("POST /pay", gone).has_value(); },
+                         std::chrono::seconds(20)));
+  purging.reset();
+  const std::string kept = key("kept");
+  ASSERT_EQ(request(keeping->port(), "POST", "/pay", {{"Idempotency-Key", kept}}).status, 200u);
+  ASSERT_TRUE(eventually([&] {
+    std::optional<Record> r = record("POST /pay", kept);
+    return r && r->expires_at <= r->now;
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_TRUE(record("POST /pay", kept).has_value());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1068,7 +1223,7 @@ TEST_F(ProxyTest, OpenFileLimitIsRaisedAndAWarningSaysWhenItIsStillTooLow) {
   auto proxy = start_proxy({"--max-connections", "1000"}, "limited",
                            {"/usr/bin/prlimit", "--nofile=64:128", "--"});
   EXPECT_TRUE(proxy->logged("open files: raised the limit from 64 to 128"));
-  EXPECT_TRUE(proxy->logged("warning: the open-file limit (128) is below"));
+  EXPECT_TRUE(proxy->logged("level=warn msg=\"the open-file limit (128) is below"));
   EXPECT_EQ(request(proxy->port(), "GET", "/ping").status, 200u);
 }
 
