@@ -10,6 +10,7 @@ IDEM_PACKAGES=(
   libcli11-dev libfmt-dev nlohmann-json3-dev
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
   libboost-dev libssl-dev curl wrk
+  libsystemd-dev systemd python3-yaml  # idem proxy: sd_notify; its deployment examples' tests
   util-linux bsdutils  # setpriv and script, for the idem tool's tests
   clang-14 libfuzzer-14-dev  # the fuzzers (scripts/fuzz.sh)
 )

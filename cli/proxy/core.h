@@ -70,6 +70,8 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   tcp::acceptor acceptor;
   asio::signal_set signals;
   asio::steady_timer drain_timer;
+  // Pings systemd's watchdog (WatchdogSec=) from the I/O threads.
+  asio::steady_timer watchdog_timer;
 
   std::mutex live_mu;
   std::unordered_map<std::uint64_t, std::weak_ptr<Drainable>> live;  // guarded by live_mu
@@ -106,6 +108,7 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   }
 
   void accept();
+  void watchdog(std::chrono::microseconds interval);
   void start_drain(const std::string& why);
   void abort_all();
   // Ends run(): nothing is left, or the grace after aborting ran out.

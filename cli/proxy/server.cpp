@@ -36,6 +36,7 @@
 #include "identity.h"
 #include "messages.h"
 #include "net.h"
+#include "notify.h"
 #include "record.h"
 
 namespace idem::proxy {
@@ -99,7 +100,8 @@ Server::Core::Core(ProxyOptions opts, std::shared_ptr<Store> raw_store, Logger l
       executor(store, executor_options(options, executor_metrics)),
       acceptor(ioc),
       signals(ioc),
-      drain_timer(ioc) {}
+      drain_timer(ioc),
+      watchdog_timer(ioc) {}
 
 // One client connection. Its steps run one at a time on the connection's strand; store
 // calls go to the store pool and come back to the strand.
@@ -961,8 +963,17 @@ void Server::Core::accept() {
   });
 }
 
+void Server::Core::watchdog(std::chrono::microseconds interval) {
+  notify::watchdog();
+  watchdog_timer.expires_after(interval);
+  watchdog_timer.async_wait([this, interval](beast::error_code ec) {
+    if (!ec) watchdog(interval);
+  });
+}
+
 void Server::Core::start_drain(const std::string& why) {
   if (draining.exchange(true)) return;
+  notify::stopping(why + ": draining");
   beast::error_code ignored;
   acceptor.close(ignored);
   signals.cancel(ignored);
@@ -1002,6 +1013,7 @@ void Server::Core::abort_all() {
 
 void Server::Core::finish() {
   drain_timer.cancel();
+  watchdog_timer.cancel();
   if (upstream) upstream->close_idle();
   if (admin) admin->close();
   work.reset();
@@ -1063,6 +1075,17 @@ void Server::run() {
                                       }});
     core.logger.info("purging expired records every " +
                      std::to_string(o.purge_interval.count() / 1000) + " s");
+  }
+
+  // systemd (Type=notify): ready now that both listeners are up.
+  if (notify::requested()) {
+    if (!notify::supported()) {
+      core.logger.warn(
+          "NOTIFY_SOCKET is set, but this build of idem cannot notify systemd (built without "
+          "libsystemd): use Type=exec in the unit, or a build with IDEM_WITH_SYSTEMD=ON");
+    }
+    notify::ready("listening on " + shown_address(core.acceptor.local_endpoint()));
+    if (auto interval = notify::watchdog_interval()) core.watchdog(*interval);
   }
 
   core.signals.add(SIGTERM);

@@ -238,8 +238,9 @@ void ProxyProcess::wait_until_listening() {
 
 std::uint16_t ProxyProcess::admin_port() const {
   const std::string marker = "admin listening on 127.0.0.1:";
+  // Logged just after the proxied port's line.
+  if (!eventually([&] { return logged(marker); })) throw std::runtime_error("no admin listener: " + log());
   std::string text = log();
-  if (text.find(marker) == std::string::npos) throw std::runtime_error("no admin listener: " + text);
   return static_cast<std::uint16_t>(std::stoi(text.substr(text.find(marker) + marker.size())));
 }
 
