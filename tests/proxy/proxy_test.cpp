@@ -1069,7 +1069,8 @@ TEST_F(ProxyTest, AdminListenerServesLivenessReadinessAndMetricsApartFromTheProx
   EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"key-reuse\"}"), 1.0);
   EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"in-progress\"}"), 1.0);
   EXPECT_EQ(metric(m, "idem_proxy_requests_total{outcome=\"passed\"}"), 1.0);
-  EXPECT_EQ(metric(m, "idem_proxy_connections"), 1.0);  // the gated request's
+  // The gated request's connection at least (closed ones may not be noticed yet).
+  EXPECT_GE(metric(m, "idem_proxy_connections").value_or(0), 1.0);
   EXPECT_EQ(metric(m, "idem_leases_active"), 1.0);
   EXPECT_GE(metric(m, "idem_proxy_store_seconds_count{op=\"acquire\"}").value_or(0), 4.0);
   EXPECT_GE(metric(m, "idem_proxy_store_seconds_count{op=\"complete\"}").value_or(0), 1.0);
