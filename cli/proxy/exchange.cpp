@@ -62,11 +62,34 @@ void Exchange::send(std::string body, Done done) {
   body_ = std::move(body);
   started_ = SteadyClock::now();
   arm(started_ + core_->options.upstream_timeout);
+  queue();
+}
+
+void Exchange::queue() {
   phase_ = Phase::kQueued;
   waiter_ = core_->upstream->acquire(
       strand_, [self = shared_from_this()](std::unique_ptr<Connection> conn) {
         self->on_connection(std::move(conn));
       });
+}
+
+void Exchange::retry_on_a_fresh_connection() {
+  retried_ = true;
+  wrote_ = false;
+  release_connection(false);
+  queue();
+}
+
+void Exchange::fail_io(const beast::error_code& ec, const char* late, const char* broken) {
+  if (cancelled_) return fail(Failure::kCancelled, "the exchange was cancelled");
+  if (timed_out_) return fail(Failure::kTimeout, late);
+  if (ec == http::error::body_limit) {
+    return fail(Failure::kTooLarge, "the upstream's answer is larger than --max-response-body");
+  }
+  if (is_parse_error(ec)) {
+    return fail(Failure::kBadResponse, "the upstream's answer is not valid HTTP/1.1: " + ec.message());
+  }
+  fail(Failure::kBroken, std::string(broken) + ": " + ec.message());
 }
 
 void Exchange::open(std::optional<std::uint64_t> length, Done done) {
@@ -88,16 +111,9 @@ void Exchange::send_piece(const char* data, std::size_t size, bool last, Done do
                       if (ec == http::error::need_buffer) ec = {};
                       if (n > 0) self->wrote_ = true;
                       if (ec) {
-                        if (self->cancelled_) {
-                          return self->fail(Failure::kCancelled, "the exchange was cancelled");
-                        }
-                        if (self->timed_out_) {
-                          return self->fail(Failure::kTimeout,
-                                            "the upstream did not take the request body in time");
-                        }
-                        return self->fail(Failure::kBroken,
-                                          "the upstream connection broke while the request body "
-                                          "was written: " + ec.message());
+                        return self->fail_io(
+                            ec, "the upstream did not take the request body in time",
+                            "the upstream connection broke while the request body was written");
                       }
                       if (!last) {
                         self->disarm();
@@ -184,27 +200,14 @@ void Exchange::write() {
                         return self->deliver(Status{});
                       }
                       if (!ec) return self->start_read_head();
-                      if (self->cancelled_) {
-                        return self->fail(Failure::kCancelled, "the exchange was cancelled");
-                      }
-                      if (self->timed_out_) {
-                        return self->fail(Failure::kTimeout, "writing the request timed out");
-                      }
                       // Not a byte went out on a kept-alive connection the upstream had
                       // closed: nothing can have run, so it goes again on a fresh one.
-                      if (self->reused_ && !self->wrote_ && !self->retried_) {
-                        self->retried_ = true;
-                        self->release_connection(false);
-                        self->phase_ = Phase::kQueued;
-                        self->waiter_ = self->core_->upstream->acquire(
-                            self->strand_, [self](std::unique_ptr<Connection> conn) {
-                              self->on_connection(std::move(conn));
-                            });
-                        return;
+                      if (!self->cancelled_ && !self->timed_out_ && self->reused_ &&
+                          !self->wrote_ && !self->retried_) {
+                        return self->retry_on_a_fresh_connection();
                       }
-                      self->fail(Failure::kBroken,
-                                 "the upstream connection broke while the request was written: " +
-                                     ec.message());
+                      self->fail_io(ec, "writing the request timed out",
+                                    "the upstream connection broke while the request was written");
                     }));
 }
 
@@ -224,32 +227,15 @@ void Exchange::start_read_head() {
       conn_->socket, conn_->buffer, *parser_,
       asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
         if (ec) {
-          if (self->cancelled_) return self->fail(Failure::kCancelled, "the exchange was cancelled");
-          if (self->timed_out_) {
-            return self->fail(Failure::kTimeout, "the upstream did not answer in time");
-          }
           // A kept-alive connection the upstream closed just before our request arrived:
           // nothing was answered, so a request that may be repeated goes again on a fresh
           // connection. A keyed request never does (it may have run).
-          if (self->reused_ && !self->parser_->got_some() && self->repeatable_ &&
-              !self->retried_) {
-            self->retried_ = true;
-            self->wrote_ = false;
-            self->release_connection(false);
-            self->phase_ = Phase::kQueued;
-            self->waiter_ = self->core_->upstream->acquire(
-                self->strand_, [self](std::unique_ptr<Connection> conn) {
-                  self->on_connection(std::move(conn));
-                });
-            return;
+          if (!self->cancelled_ && !self->timed_out_ && self->reused_ &&
+              !self->parser_->got_some() && self->repeatable_ && !self->retried_) {
+            return self->retry_on_a_fresh_connection();
           }
-          if (is_parse_error(ec)) {
-            return self->fail(Failure::kBadResponse,
-                              "the upstream's answer is not valid HTTP/1.1: " + ec.message());
-          }
-          return self->fail(Failure::kBroken,
-                            "the upstream connection broke before the answer arrived: " +
-                                ec.message());
+          return self->fail_io(ec, "the upstream did not answer in time",
+                               "the upstream connection broke before the answer arrived");
         }
         const unsigned status = self->parser_->get().result_int();
         // An interim answer (103 Early Hints, a stray 100): the real one follows.
@@ -288,21 +274,8 @@ void Exchange::start_read_piece() {
       asio::bind_executor(strand_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
         if (ec == http::error::need_buffer) ec = {};
         if (ec) {
-          if (self->cancelled_) return self->fail(Failure::kCancelled, "the exchange was cancelled");
-          if (self->timed_out_) {
-            return self->fail(Failure::kTimeout, "the upstream's answer stalled");
-          }
-          if (ec == http::error::body_limit) {
-            return self->fail(Failure::kTooLarge,
-                              "the upstream's answer is larger than --max-response-body");
-          }
-          if (is_parse_error(ec)) {
-            return self->fail(Failure::kBadResponse,
-                              "the upstream's answer is not valid HTTP/1.1: " + ec.message());
-          }
-          return self->fail(Failure::kBroken,
-                            "the upstream connection broke before the whole answer arrived: " +
-                                ec.message());
+          return self->fail_io(ec, "the upstream's answer stalled",
+                               "the upstream connection broke before the whole answer arrived");
         }
         self->disarm();
         const std::size_t got = kPieceBytes - self->parser_->get().body().size;

@@ -129,6 +129,11 @@ class Exchange : public Drainable, public std::enable_shared_from_this<Exchange>
  private:
   enum class Phase { kIdle, kQueued, kConnecting, kWriting, kHeader, kBody, kDone };
 
+  void queue();
+  void retry_on_a_fresh_connection();
+  // An operation on the connection failed: cancelled, late, or why (`broken` then says
+  // what was going on).
+  void fail_io(const beast::error_code& ec, const char* late, const char* broken);
   void on_connection(std::unique_ptr<Connection> conn);
   void connect();
   void write();

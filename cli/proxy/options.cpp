@@ -170,15 +170,17 @@ std::string parse_header_name(std::string_view text) {
 
 namespace {
 
-// Whether one path segment matches one pattern segment, where `*` matches any run of
-// characters: the greedy match with one backtracking point, linear in practice.
-bool segment_matches(std::string_view pattern, std::string_view text) {
+// The greedy wildcard match with one backtracking point (linear in practice, never
+// exponential): `is_star(p)` says whether a pattern element matches any run of text
+// elements, `matches(p, t)` whether it matches one.
+template <typename Pattern, typename Text, typename IsStar, typename Matches>
+bool wildcard_match(const Pattern& pattern, const Text& text, IsStar is_star, Matches matches) {
   std::size_t p = 0, t = 0, star = std::string_view::npos, resume = 0;
   while (t < text.size()) {
-    if (p < pattern.size() && pattern[p] == '*') {
+    if (p < pattern.size() && is_star(pattern[p])) {
       star = p++;
       resume = t;
-    } else if (p < pattern.size() && pattern[p] == text[t]) {
+    } else if (p < pattern.size() && matches(pattern[p], text[t])) {
       ++p;
       ++t;
     } else if (star != std::string_view::npos) {
@@ -188,8 +190,14 @@ bool segment_matches(std::string_view pattern, std::string_view text) {
       return false;
     }
   }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
+  while (p < pattern.size() && is_star(pattern[p])) ++p;
   return p == pattern.size();
+}
+
+// One path segment against one pattern segment: `*` matches any run of characters.
+bool segment_matches(std::string_view pattern, std::string_view text) {
+  return wildcard_match(
+      pattern, text, [](char c) { return c == '*'; }, [](char a, char b) { return a == b; });
 }
 
 std::vector<std::string_view> segments(std::string_view path) {
@@ -208,25 +216,10 @@ std::vector<std::string_view> segments(std::string_view path) {
 
 bool path_matches(std::string_view pattern, std::string_view path) {
   if (pattern.find('*') == std::string_view::npos) return pattern == path;
-  // The same greedy match one level up: a `**` segment matches any run of segments.
-  const std::vector<std::string_view> pat = segments(pattern), text = segments(path);
-  std::size_t p = 0, t = 0, star = std::string_view::npos, resume = 0;
-  while (t < text.size()) {
-    if (p < pat.size() && pat[p] == "**") {
-      star = p++;
-      resume = t;
-    } else if (p < pat.size() && segment_matches(pat[p], text[t])) {
-      ++p;
-      ++t;
-    } else if (star != std::string_view::npos) {
-      p = star + 1;
-      t = ++resume;
-    } else {
-      return false;
-    }
-  }
-  while (p < pat.size() && pat[p] == "**") ++p;
-  return p == pat.size();
+  // The same match one level up: a `**` segment matches any run of segments.
+  return wildcard_match(
+      segments(pattern), segments(path), [](std::string_view s) { return s == "**"; },
+      segment_matches);
 }
 
 const Policy& policy_for(const ProxyOptions& options, std::string_view path) {
