@@ -234,6 +234,12 @@ void Exchange::start_read_head() {
               !self->parser_->got_some() && self->repeatable_ && !self->retried_) {
             return self->retry_on_a_fresh_connection();
           }
+          // Its Content-Length over --max-response-body: the header says what ran, and a
+          // keyed request's record keeps it (settle_as_marker).
+          if (ec == http::error::body_limit && self->parser_->is_header_done() &&
+              self->handle_.active()) {
+            self->begin_recording();
+          }
           return self->fail_io(ec, "the upstream did not answer in time",
                                "the upstream connection broke before the answer arrived");
         }

@@ -305,7 +305,9 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void on_read_error(beast::error_code ec) {
     if (exchange_) {
-      // The client went away while its body streamed to the upstream.
+      // The client went away (or stalled) while its body streamed to the upstream.
+      outcome_ = "client-gone";
+      log_request(0);
       exchange_->cancel();
       exchange_.reset();
       return close();
@@ -617,82 +619,78 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     close();
   }
 
-  void on_upstream_failed(const Exchange::Status& s) {
+  // The problem answer for an upstream exchange that failed (docs/proxy.md, "Every answer").
+  struct Failed {
+    unsigned status;
+    const char* code;
+    const char* text;
+  };
+
+  static Failed failed_answer(Exchange::Failure failure) {
     using Failure = Exchange::Failure;
-    log_detail(s.detail);
-    if (header_sent_) {
-      // Part of the answer is out: all the client can be told is that it was cut off. A
-      // keyed request keeps its key held (it ran, or may have).
-      outcome_ = "cut-off";
-      log_request(out_.result_int());
-      if (keyed_ && exchange_->keyed() && !s.detached) {
-        exchange_->give_up(s, [self = shared_from_this()](std::string) {
-          self->exchange_.reset();
-          self->close();
-        });
-        return;
-      }
-      exchange_.reset();
-      return close();
-    }
-    Response res;
-    switch (s.failure) {
+    switch (failure) {
       case Failure::kTimeout:
-        res = refusal(504, "upstream-timeout", "the upstream did not answer in time");
-        break;
+        return {504, "upstream-timeout", "the upstream did not answer in time"};
       case Failure::kCancelled:
-        res = shutting_down();
-        break;
+        return {503, "shutting-down",
+                "the proxy is shutting down and could not finish this request in time"};
       case Failure::kConnect:
-        res = refusal(502, "upstream-unreachable", "the proxy cannot connect to the upstream");
-        break;
+        return {502, "upstream-unreachable", "the proxy cannot connect to the upstream"};
       case Failure::kTooLarge:
-        res = refusal(502, "upstream-too-large",
-                      "the upstream's answer is larger than this proxy passes");
-        break;
+        return {502, "upstream-too-large", "the upstream's answer is larger than this proxy passes"};
       case Failure::kBadResponse:
-        res = refusal(502, "upstream-bad-response", "the upstream's answer is not valid HTTP/1.1");
-        break;
+        return {502, "upstream-bad-response", "the upstream's answer is not valid HTTP/1.1"};
       case Failure::kBroken:
       case Failure::kNone:
-        res = refusal(502, "upstream-broken",
-                      "the connection to the upstream broke before the whole answer arrived");
         break;
     }
-    // An upload cut short leaves the client's body half read: the connection closes.
-    const bool mid_body = parser_ && !parser_->is_done();
-    if (!keyed_ || !exchange_->keyed()) {
-      outcome_ = problem_code(res);
+    return {502, "upstream-broken",
+            "the connection to the upstream broke before the whole answer arrived"};
+  }
+
+  void on_upstream_failed(const Exchange::Status& s) {
+    log_detail(s.detail);
+    const bool keyed = keyed_ && exchange_ && exchange_->keyed() && !s.detached;
+    // The record of a keyed request: an answer too large to pass ran, and is recorded as a
+    // marker; any other failure releases only if nothing can have run (Exchange::give_up).
+    auto settle_then = [&](auto next) {
+      if (s.failure == Exchange::Failure::kTooLarge) return exchange_->settle_as_marker(next);
+      exchange_->give_up(s, next);
+    };
+    if (header_sent_) {
+      // Part of the answer is out: all the client can be told is that it was cut off.
+      outcome_ = "cut-off";
+      log_request(out_.result_int());
+      if (!keyed) {
+        exchange_.reset();
+        return close();
+      }
+      return settle_then([self = shared_from_this()](std::string) {
+        self->exchange_.reset();
+        self->close();
+      });
+    }
+    const Failed f = failed_answer(s.failure);
+    Response res = refusal(f.status, f.code, f.text);
+    if (!keyed) {
+      // Nothing to settle: the request has no key, or (detached) the exchange reads the late
+      // answer in the background and decides the record alone.
+      outcome_ = s.detached ? "held" : f.code;
       exchange_.reset();
+      // An upload cut short leaves the client's body half read: the connection closes.
+      const bool mid_body = parser_ && !parser_->is_done();
       return mid_body ? answer_and_close(std::move(res)) : answer(std::move(res));
     }
-    if (s.detached) {
-      // The exchange reads the late answer in the background and decides the record.
-      outcome_ = "held";
-      exchange_.reset();
-      return answer(std::move(res));
-    }
-    auto settled = [self = shared_from_this(), res = std::move(res)](std::string outcome) mutable {
+    settle_then([self = shared_from_this(), res = std::move(res)](std::string outcome) mutable {
       self->outcome_ = outcome.empty() ? "error" : std::move(outcome);
       self->answer(std::move(res));
       self->exchange_.reset();
-    };
-    if (s.failure == Failure::kTooLarge) return exchange_->settle_as_marker(std::move(settled));
-    exchange_->give_up(s, std::move(settled));
-  }
-
-  static std::string problem_code(const Response& res) {
-    const std::string& body = res.body();
-    const std::string marker = "\"code\":\"";
-    auto at = body.find(marker);
-    if (at == std::string::npos) return "error";
-    at += marker.size();
-    return body.substr(at, body.find('"', at) - at);
+    });
   }
 
   Response shutting_down() {
-    return refusal(503, "shutting-down",
-                   "the proxy is shutting down and could not finish this request in time");
+    const Failed f = failed_answer(Exchange::Failure::kCancelled);
+    return refusal(f.status, f.code, f.text);
   }
 
   // ---- the proxy's own answers ----

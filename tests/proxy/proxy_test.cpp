@@ -409,6 +409,19 @@ TEST_F(ProxyTest, AnswerLargerThanTheRecordLimitIsRecordedAsAMarkerAndNeverRunsA
   EXPECT_EQ(upstream_.executions_of(k), 1);
 }
 
+TEST_F(ProxyTest, AnswerOverTheResponseLimitRanAndIsNeverRunAgain) {
+  auto proxy = start_proxy({"--max-response-body", "100KiB"});
+  const std::string k = key("k");
+  Headers headers = {{"Idempotency-Key", k}, {"X-Test-Body-Size", "300000"}};
+  Reply first = request(proxy->port(), "POST", "/big", headers);
+  EXPECT_EQ(first.status, 502u) << first.error;
+  EXPECT_THAT(first.body, HasSubstr("\"code\":\"upstream-too-large\""));
+  Reply again = request(proxy->port(), "POST", "/big", headers);
+  EXPECT_EQ(again.status, 410u) << again.error << again.body;
+  EXPECT_THAT(again.body, HasSubstr("\"code\":\"too-large-to-replay\""));
+  EXPECT_EQ(upstream_.executions_of(k), 1);
+}
+
 TEST_F(ProxyTest, TooManyRequestsAndRequestTimeoutReleaseTheKeyByDefault) {
   auto proxy = start_proxy();
   for (const char* status : {"429", "408"}) {
