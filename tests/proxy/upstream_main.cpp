@@ -224,6 +224,8 @@ void serve(tcp::socket socket) {
       res.set(http::field::keep_alive, "timeout=5");
       res.set("X-End-To-End", "kept");
     }
+    // Statuses that carry no body (RFC 9110 §6.4.1) get none.
+    if (const unsigned s = res.result_int(); s < 200 || s == 204 || s == 304) res.body().clear();
     res.keep_alive(keep_alive);
     res.prepare_payload();
     http::write(socket, res, ec);
