@@ -879,6 +879,34 @@ TEST_F(ProxyTest, AnswerWithoutAKeyStreamsToTheClientAsItArrives) {
   EXPECT_TRUE(client.read_until("\r\n0\r\n\r\n")) << client.received();
 }
 
+TEST_F(ProxyTest, HeadBodilessAnswersAndHttp10ClientsKeepTheirFraming) {
+  auto proxy = start_proxy();
+  Client client(proxy->port());
+  Reply head = client.send("HEAD", "/blob", {{"X-Test-Body-Size", "1000"}});
+  EXPECT_EQ(head.status, 200u) << head.error;
+  EXPECT_EQ(head.header("Content-Length"), std::string("1000"));
+  EXPECT_TRUE(head.body.empty());
+  Reply none = client.send("DELETE", "/thing", {{"X-Test-Status", "204"}});
+  EXPECT_EQ(none.status, 204u) << none.error;
+  EXPECT_FALSE(none.header("Content-Length").has_value());
+  EXPECT_FALSE(none.header("Transfer-Encoding").has_value());
+  const std::string k = key("k");
+  EXPECT_EQ(client.send("POST", "/thing", {{"Idempotency-Key", k}, {"X-Test-Status", "204"}}).status,
+            204u);
+  Reply replay = client.send("POST", "/thing", {{"Idempotency-Key", k}});
+  EXPECT_EQ(replay.status, 204u);
+  EXPECT_TRUE(replay.replayed());
+  EXPECT_FALSE(client.closed());
+  EXPECT_EQ(client.send("GET", "/after").status, 200u);
+  // An HTTP/1.0 client cannot read chunks: an answer of unknown length ends with the
+  // connection.
+  RawConnection old(proxy->port());
+  old.send("GET /chunks HTTP/1.0\r\nX-Test-Chunked: 1\r\n\r\n");
+  EXPECT_FALSE(old.read_until("never", std::chrono::seconds(10)));  // it closes
+  EXPECT_EQ(old.received().rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << old.received();
+  EXPECT_THAT(old.received(), AllOf(Not(HasSubstr("Transfer-Encoding")), HasSubstr("execution=")));
+}
+
 TEST_F(ProxyTest, KeyedAnswerStreamsWhileItIsRecordedAndEndsOnceItIsRecorded) {
   auto proxy = start_proxy();
   const std::string k = key("k");
