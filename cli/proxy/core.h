@@ -90,6 +90,8 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   // requests took, and the keys whose lease was abandoned (held until it runs out).
   void observe(SteadyClock::duration took);
   void note_held(std::string_view scope, std::string_view key);
+  // A held key was taken over: it is an ordinary request in flight again.
+  void forget_held(std::string_view scope, std::string_view key);
   // How long a duplicate of (scope, key) should wait, given the holder's lease time left.
   Duration retry_after_for(std::string_view scope, std::string_view key,
                            Duration lease_remaining);

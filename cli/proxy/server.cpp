@@ -504,6 +504,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   }
 
   void forward_keyed() {
+    if (handle_.stolen()) core_->forget_held(scope_, key_);
     RequestHeader head = upstream_header(head_, client_);
     add_fencing(head, handle_.token(), handle_.number(), handle_.stolen());
     exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(), std::move(head),
@@ -887,6 +888,11 @@ void Server::Core::note_held(std::string_view scope, std::string_view key) {
     if (held.size() >= kMaxHeldKeys) return;
   }
   held[held_id(scope, key)] = now + options.lease;
+}
+
+void Server::Core::forget_held(std::string_view scope, std::string_view key) {
+  std::lock_guard<std::mutex> lock(held_mu);
+  if (!held.empty()) held.erase(held_id(scope, key));
 }
 
 Duration Server::Core::retry_after_for(std::string_view scope, std::string_view key,
