@@ -3,7 +3,6 @@
 // cli/proxy/.
 
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -103,7 +103,8 @@ std::string text_of(const nlohmann::json& value, std::string_view where) {
         throw std::invalid_argument(std::string(where) + ": expected strings or numbers");
       }
       if (!joined.empty()) joined += ",";
-      joined += item.is_string() ? item.get<std::string>() : std::to_string(item.get<std::uint64_t>());
+      joined +=
+          item.is_string() ? item.get<std::string>() : std::to_string(item.get<std::uint64_t>());
     }
     return joined;
   }
@@ -111,7 +112,8 @@ std::string text_of(const nlohmann::json& value, std::string_view where) {
 }
 
 bool bool_of(const nlohmann::json& value, std::string_view where) {
-  if (!value.is_boolean()) throw std::invalid_argument(std::string(where) + ": expected true or false");
+  if (!value.is_boolean())
+    throw std::invalid_argument(std::string(where) + ": expected true or false");
   return value.get<bool>();
 }
 
@@ -125,7 +127,8 @@ std::vector<proxy::Route> load_routes(const std::string& path, const proxy::Poli
   try {
     doc = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError("--routes", fmt::format("'{}' is not valid JSON: {}", printable(path), e.what()));
+    throw UsageError("--routes",
+                     fmt::format("'{}' is not valid JSON: {}", printable(path), e.what()));
   }
   if (!doc.is_object() || !doc.contains("routes") || !doc["routes"].is_array() || doc.size() != 1) {
     throw UsageError("--routes", fmt::format("'{}' must hold one object with a \"routes\" array",
@@ -167,7 +170,8 @@ std::vector<proxy::Route> load_routes(const std::string& path, const proxy::Poli
         } else if (name == "release_uncertain") {
           p.release_uncertain = bool_of(value, field);
         } else {
-          throw fail("unknown field \"" + name + "\" (path, protect, methods, require_key, "
+          throw fail("unknown field \"" + name +
+                     "\" (path, protect, methods, require_key, "
                      "key_format, scope, ttl, release_status, max_record, release_uncertain)");
         }
       }
@@ -232,14 +236,17 @@ proxy::ProxyOptions to_options(const ProxyArgs& a) {
                      "expected an absolute URL, such as https://api.example.com/problems/");
   }
   o.problem_type_base = a.problem_type_base;
-  o.key_header = option_value("--key-header", [&] { return proxy::parse_header_name(a.key_header); });
-  p.key_format = option_value("--key-format", [&] { return proxy::parse_key_format(a.key_format); });
+  o.key_header =
+      option_value("--key-header", [&] { return proxy::parse_header_name(a.key_header); });
+  p.key_format =
+      option_value("--key-format", [&] { return proxy::parse_key_format(a.key_format); });
   if (!a.admin.empty()) {
     option_value("--admin", [&] { proxy::parse_address(a.admin, o.admin_address, o.admin_port); });
   }
   o.purge = !a.no_purge;
   o.purge_interval = duration_option("--purge-interval", a.purge_interval, false);
-  o.log_format = option_value("--log-format", [&] { return proxy::parse_log_format(a.log_format); });
+  o.log_format =
+      option_value("--log-format", [&] { return proxy::parse_log_format(a.log_format); });
   // Last: every route starts from the flags' policy.
   if (!a.routes.empty()) o.routes = load_routes(a.routes, o.policy);
   return o;
@@ -262,11 +269,12 @@ void raise_open_files(const proxy::ProxyOptions& o, const proxy::Logger& log) {
   }
   const std::size_t needed = o.max_connections + o.upstream_connections + 64;
   if (limit.rlim_cur < needed) {
-    log.warn(fmt::format("the open-file limit ({}) is below what --max-connections "
-                            "and --upstream-connections need ({}); connections beyond it fail. "
-                            "Raise it (ulimit -n, or LimitNOFILE= in a systemd unit), or lower "
-                            "--max-connections",
-                            limit.rlim_cur, needed));
+    log.warn(
+        fmt::format("the open-file limit ({}) is below what --max-connections "
+                    "and --upstream-connections need ({}); connections beyond it fail. "
+                    "Raise it (ulimit -n, or LimitNOFILE= in a systemd unit), or lower "
+                    "--max-connections",
+                    limit.rlim_cur, needed));
   }
 }
 
@@ -376,8 +384,7 @@ Command add_proxy_command(CLI::App& parent) {
       ->type_name("N");
   app->add_flag("--access-log", a->access_log,
                 "Log one line per request on stderr (besides the error log, always on)");
-  opt("--log-format", a->log_format, "The log lines' format: logfmt or json")
-      ->type_name("FORMAT");
+  opt("--log-format", a->log_format, "The log lines' format: logfmt or json")->type_name("FORMAT");
   opt("--admin", a->admin,
       "Where the admin listener serves /livez, /readyz (checks the store) and /metrics "
       "(Prometheus); none by default")
@@ -407,7 +414,8 @@ Command add_proxy_command(CLI::App& parent) {
     const std::string name = option->get_single_name();
     if (name.empty() || name == "help" || name == "store") continue;
     std::string env = "IDEM_PROXY_";
-    for (char c : name) env += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (char c : name)
+      env += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     option->envname(env);
     if (option->get_items_expected_max() > 1) option->delimiter(',');
   }

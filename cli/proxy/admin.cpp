@@ -77,8 +77,7 @@ class AdminSession : public std::enable_shared_from_this<AdminSession> {
         }
         asio::post(self->stream_.get_executor(), [self, error = std::move(error)] {
           if (error.empty()) return self->reply(http::status::ok, "ready\n");
-          self->core_->logger.error("readiness: the store does not answer",
-                                    {{"error", error}});
+          self->core_->logger.error("readiness: the store does not answer", {{"error", error}});
           self->reply(http::status::service_unavailable, "store unavailable\n");
         });
       });
@@ -86,7 +85,8 @@ class AdminSession : public std::enable_shared_from_this<AdminSession> {
     reply(http::status::not_found, "not found: /livez, /readyz, /metrics\n");
   }
 
-  void reply(http::status status, std::string body, const char* type = "text/plain; charset=utf-8") {
+  void reply(http::status status, std::string body,
+             const char* type = "text/plain; charset=utf-8") {
     res_ = {};
     res_.result(status);
     res_.version(req_.version());
@@ -98,10 +98,11 @@ class AdminSession : public std::enable_shared_from_this<AdminSession> {
     res_.prepare_payload();
     if (req_.method() == http::verb::head) res_.body().clear();
     stream_.expires_after(std::chrono::seconds(30));
-    http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
-      if (ec || !self->res_.keep_alive()) return self->close();
-      self->read();
-    });
+    http::async_write(stream_, res_,
+                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                        if (ec || !self->res_.keep_alive()) return self->close();
+                        self->read();
+                      });
   }
 
   void close() {
@@ -142,23 +143,22 @@ tcp::endpoint Admin::listen(const std::string& address, std::uint16_t port) {
 }
 
 void Admin::accept() {
-  acceptor_.async_accept(asio::make_strand(core_->ioc),
-                         [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
-                           if (ec) {
-                             if (ec == asio::error::operation_aborted) return;
-                             return self->accept();
-                           }
-                           auto session =
-                               std::make_shared<AdminSession>(self->core_, std::move(socket));
-                           {
-                             std::lock_guard<std::mutex> lock(self->mu_);
-                             std::erase_if(self->sessions_,
-                                           [](const auto& weak) { return weak.expired(); });
-                             self->sessions_.push_back(session);
-                           }
-                           session->read();
-                           self->accept();
-                         });
+  acceptor_.async_accept(
+      asio::make_strand(core_->ioc),
+      [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+        if (ec) {
+          if (ec == asio::error::operation_aborted) return;
+          return self->accept();
+        }
+        auto session = std::make_shared<AdminSession>(self->core_, std::move(socket));
+        {
+          std::lock_guard<std::mutex> lock(self->mu_);
+          std::erase_if(self->sessions_, [](const auto& weak) { return weak.expired(); });
+          self->sessions_.push_back(session);
+        }
+        session->read();
+        self->accept();
+      });
 }
 
 void Admin::close() {

@@ -11,8 +11,8 @@
 
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "core.h"
 

@@ -93,8 +93,7 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   // A held key was taken over: it is an ordinary request in flight again.
   void forget_held(std::string_view scope, std::string_view key);
   // How long a duplicate of (scope, key) should wait, given the holder's lease time left.
-  Duration retry_after_for(std::string_view scope, std::string_view key,
-                           Duration lease_remaining);
+  Duration retry_after_for(std::string_view scope, std::string_view key, Duration lease_remaining);
 
   // Registers a connection or a background exchange; returns its id for forget().
   std::uint64_t remember(const std::shared_ptr<Drainable>& d, bool connection);

@@ -7,7 +7,6 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
-
 #include <limits>
 
 #include "idem/error.h"
@@ -67,10 +66,10 @@ void Exchange::send(std::string body, Done done) {
 
 void Exchange::queue() {
   phase_ = Phase::kQueued;
-  waiter_ = core_->upstream->acquire(
-      strand_, [self = shared_from_this()](std::unique_ptr<Connection> conn) {
-        self->on_connection(std::move(conn));
-      });
+  waiter_ = core_->upstream->acquire(strand_,
+                                     [self = shared_from_this()](std::unique_ptr<Connection> conn) {
+                                       self->on_connection(std::move(conn));
+                                     });
 }
 
 void Exchange::retry_on_a_fresh_connection() {
@@ -87,7 +86,8 @@ void Exchange::fail_io(const beast::error_code& ec, const char* late, const char
     return fail(Failure::kTooLarge, "the upstream's answer is larger than --max-response-body");
   }
   if (is_parse_error(ec)) {
-    return fail(Failure::kBadResponse, "the upstream's answer is not valid HTTP/1.1: " + ec.message());
+    return fail(Failure::kBadResponse,
+                "the upstream's answer is not valid HTTP/1.1: " + ec.message());
   }
   fail(Failure::kBroken, std::string(broken) + ": " + ec.message());
 }
@@ -145,25 +145,25 @@ void Exchange::connect() {
   phase_ = Phase::kConnecting;
   arm(std::min(started_ + core_->options.upstream_timeout,
                SteadyClock::now() + core_->options.connect_timeout));
-  asio::async_connect(conn_->socket, core_->upstream->endpoints(),
-                      asio::bind_executor(strand_, [self = shared_from_this()](
-                                                       beast::error_code ec, const tcp::endpoint&) {
-                        if (ec) {
-                          if (self->cancelled_) {
-                            return self->fail(Failure::kCancelled, "the exchange was cancelled");
-                          }
-                          return self->fail(Failure::kConnect,
-                                            self->timed_out_
-                                                ? "connecting to the upstream timed out"
-                                                : "could not connect to the upstream: " +
-                                                      ec.message());
-                        }
-                        self->conn_->connected = true;
-                        beast::error_code ignored;
-                        self->conn_->socket.set_option(tcp::no_delay(true), ignored);
-                        self->arm(self->started_ + self->core_->options.upstream_timeout);
-                        self->write();
-                      }));
+  asio::async_connect(
+      conn_->socket, core_->upstream->endpoints(),
+      asio::bind_executor(
+          strand_, [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+            if (ec) {
+              if (self->cancelled_) {
+                return self->fail(Failure::kCancelled, "the exchange was cancelled");
+              }
+              return self->fail(Failure::kConnect,
+                                self->timed_out_
+                                    ? "connecting to the upstream timed out"
+                                    : "could not connect to the upstream: " + ec.message());
+            }
+            self->conn_->connected = true;
+            beast::error_code ignored;
+            self->conn_->socket.set_option(tcp::no_delay(true), ignored);
+            self->arm(self->started_ + self->core_->options.upstream_timeout);
+            self->write();
+          }));
 }
 
 void Exchange::write() {
@@ -181,8 +181,7 @@ void Exchange::write() {
     request_->body().more = true;
   } else {
     const bool has_body = !body_.empty() || head_.method() == http::verb::post ||
-                          head_.method() == http::verb::put ||
-                          head_.method() == http::verb::patch;
+                          head_.method() == http::verb::put || head_.method() == http::verb::patch;
     if (has_body) request_->content_length(body_.size());
     request_->body().data = body_.empty() ? nullptr : body_.data();
     request_->body().size = body_.size();
@@ -440,25 +439,25 @@ void Exchange::settle(Settled done) {
     record_.body.clear();
   }
   std::string bytes = encode_record(record_);
-  core_->on_store([self = shared_from_this(), bytes = std::move(bytes),
-                   done = std::move(done)]() mutable {
-    std::string outcome = self->too_large_ ? "too-large" : "recorded";
-    const auto start = SteadyClock::now();
-    try {
-      (void)self->handle_.complete(std::move(bytes));
-    } catch (const PayloadTooLarge&) {
-      outcome = "store-too-large";
-    } catch (const LeaseLost&) {
-      outcome = "lease-lost";
-    } catch (const StoreUnavailable&) {
-      outcome = "store-unavailable";
-    } catch (const std::exception&) {
-      outcome = "error";
-    }
-    self->store_time_ += SteadyClock::now() - start;
-    back_to(*self->core_, self->strand_,
-            [done = std::move(done), outcome = std::move(outcome)] { done(outcome); });
-  });
+  core_->on_store(
+      [self = shared_from_this(), bytes = std::move(bytes), done = std::move(done)]() mutable {
+        std::string outcome = self->too_large_ ? "too-large" : "recorded";
+        const auto start = SteadyClock::now();
+        try {
+          (void)self->handle_.complete(std::move(bytes));
+        } catch (const PayloadTooLarge&) {
+          outcome = "store-too-large";
+        } catch (const LeaseLost&) {
+          outcome = "lease-lost";
+        } catch (const StoreUnavailable&) {
+          outcome = "store-unavailable";
+        } catch (const std::exception&) {
+          outcome = "error";
+        }
+        self->store_time_ += SteadyClock::now() - start;
+        back_to(*self->core_, self->strand_,
+                [done = std::move(done), outcome = std::move(outcome)] { done(outcome); });
+      });
 }
 
 void Exchange::finish_alone() {

@@ -3,8 +3,8 @@
 #include <openssl/evp.h>
 
 #include <array>
-#include <cctype>
 #include <boost/beast/core/string.hpp>
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -165,8 +165,7 @@ KeyHeader read_key(const RequestHeader& request, std::string_view header, KeyFor
   } else {
     for (char c : value) {
       if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) > 0x7e) {
-        return malformed(
-            "the key is neither a quoted string nor a token of visible ASCII");
+        return malformed("the key is neither a quoted string nor a token of visible ASCII");
       }
     }
     key = std::string(value);
@@ -177,8 +176,9 @@ KeyHeader read_key(const RequestHeader& request, std::string_view header, KeyFor
                      " bytes, more than the limit of " + std::to_string(kMaxKeyBytes));
   }
   if (format == KeyFormat::kUuid && !is_uuid(key)) {
-    return malformed("this endpoint takes only UUIDs as keys (36 characters, such as "
-                     "\"8e03978e-40d5-43e8-bc93-6894a57f9324\")");
+    return malformed(
+        "this endpoint takes only UUIDs as keys (36 characters, such as "
+        "\"8e03978e-40d5-43e8-bc93-6894a57f9324\")");
   }
   return KeyHeader{KeyHeader::Kind::kValid, std::move(key), {}};
 }

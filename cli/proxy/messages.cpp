@@ -83,8 +83,7 @@ RequestHeader upstream_header(const RequestHeader& client, const ClientInfo& who
   return out;
 }
 
-void add_fencing(RequestHeader& upstream, std::uint64_t token, std::uint32_t attempt,
-                 bool stolen) {
+void add_fencing(RequestHeader& upstream, std::uint64_t token, std::uint32_t attempt, bool stolen) {
   upstream.set(kTokenHeader, std::to_string(token));
   upstream.set(kAttemptHeader, std::to_string(attempt));
   upstream.set(kStolenHeader, stolen ? "true" : "false");
@@ -115,7 +114,8 @@ Response from_record(const RecordedResponse& record, bool replayed) {
 
 bool sets_cookie(const RecordedResponse& record) {
   return std::any_of(record.headers.begin(), record.headers.end(), [](const auto& header) {
-    return beast::iequals(header.first, "Set-Cookie") || beast::iequals(header.first, "Set-Cookie2");
+    return beast::iequals(header.first, "Set-Cookie") ||
+           beast::iequals(header.first, "Set-Cookie2");
   });
 }
 
@@ -161,11 +161,8 @@ Response problem(unsigned status, std::string_view code, std::string_view detail
   std::string title(http::obsolete_reason(static_cast<http::status>(status)));
   std::string type = context.type_base.empty() ? std::string("about:blank")
                                                : std::string(context.type_base) + std::string(code);
-  nlohmann::json body = {{"type", type},
-                         {"title", title},
-                         {"status", status},
-                         {"detail", detail},
-                         {"code", code}};
+  nlohmann::json body = {
+      {"type", type}, {"title", title}, {"status", status}, {"detail", detail}, {"code", code}};
   for (const auto& [name, value] : context.extra) body[std::string(name)] = value;
   if (!context.request_id.empty()) body["request_id"] = context.request_id;
   res.set(http::field::content_type, "application/problem+json");

@@ -56,8 +56,7 @@ struct ClientInfo {
 RequestHeader upstream_header(const RequestHeader& client, const ClientInfo& who);
 
 // Adds the fencing headers of a held lease to an upstream request.
-void add_fencing(RequestHeader& upstream, std::uint64_t token, std::uint32_t attempt,
-                 bool stolen);
+void add_fencing(RequestHeader& upstream, std::uint64_t token, std::uint32_t attempt, bool stolen);
 
 // What is recorded of an upstream answer's header: status, reason, end-to-end headers
 // (Content-Length aside, which a replay sets from the body). The body is added by the caller.

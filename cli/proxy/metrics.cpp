@@ -113,9 +113,8 @@ std::string ProxyMetrics::prometheus(std::size_t connections, std::size_t readin
 
 using Op = ProxyMetrics::StoreOp;
 
-AcquireResult TimedStore::do_acquire(std::string_view scope, std::string_view key,
-                                     Duration lease, Duration ttl,
-                                     std::optional<std::string_view> fingerprint) {
+AcquireResult TimedStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                                     Duration ttl, std::optional<std::string_view> fingerprint) {
   return timed(metrics_.store(Op::kAcquire),
                [&] { return StoreWrapper::do_acquire(scope, key, lease, ttl, fingerprint); });
 }
@@ -139,8 +138,7 @@ ExtendResult TimedStore::do_extend(std::string_view scope, std::string_view key,
 
 std::vector<ExtendResult> TimedStore::do_extend_many(std::span<const ExtendRequest> requests) {
   // One batch, one round trip: timed as one extend.
-  return timed(metrics_.store(Op::kExtend),
-               [&] { return StoreWrapper::do_extend_many(requests); });
+  return timed(metrics_.store(Op::kExtend), [&] { return StoreWrapper::do_extend_many(requests); });
 }
 
 std::size_t TimedStore::do_purge(std::size_t limit) {

@@ -22,9 +22,8 @@ namespace idem::proxy {
 // A Prometheus histogram of durations, with fixed buckets from 0.5 ms to 10 s.
 class Histogram {
  public:
-  static constexpr std::array<double, 14> kBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                                     0.025,  0.05,  0.1,    0.25,  0.5,
-                                                     1,      2.5,   5,      10};
+  static constexpr std::array<double, 14> kBounds = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   void observe(std::chrono::nanoseconds took) noexcept;
   std::uint64_t count() const noexcept { return count_.load(std::memory_order_relaxed); }
   // Appends the _bucket, _sum and _count lines of `name`, with `labels` ("" or `op="get"`).
@@ -40,14 +39,15 @@ class ProxyMetrics {
  public:
   // The outcomes a request is counted under (the access log's `outcome`); anything else
   // counts as "other".
+  // clang-format off
   static constexpr std::array<std::string_view, 27> kOutcomes = {
-      "recorded",          "replayed",          "in-progress",          "key-reuse",
-      "released",          "too-large",         "held",                 "passed",
-      "refused",           "store-unavailable", "upstream-unreachable", "upstream-timeout",
-      "upstream-broken",   "upstream-bad-response", "upstream-too-large", "shutting-down",
-      "cookie-not-replayed", "too-large-to-replay", "foreign-record",     "lease-lost",
-      "cancelled",         "cut-off",           "client-gone",          "internal-error",
-      "too-many-connections", "error",          "other"};
+      "recorded", "replayed", "in-progress", "key-reuse", "released", "too-large", "held",
+      "passed", "refused", "store-unavailable", "upstream-unreachable", "upstream-timeout",
+      "upstream-broken", "upstream-bad-response", "upstream-too-large", "shutting-down",
+      "cookie-not-replayed", "too-large-to-replay", "foreign-record", "lease-lost",
+      "cancelled", "cut-off", "client-gone", "internal-error", "too-many-connections", "error",
+      "other"};
+  // clang-format on
 
   // The store calls timed (TimedStore).
   enum class StoreOp { kAcquire, kComplete, kRelease, kExtend, kGet, kPurge, kForget, kCount };

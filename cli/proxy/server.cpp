@@ -210,9 +210,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     const std::string_view target = head_.target();
     policy_ = &policy_for(core_->options, target.substr(0, target.find('?')));
     const auto& methods = policy_->methods;
-    const bool keyed_method =
-        policy_->protect &&
-        std::find(methods.begin(), methods.end(), head_.method_string()) != methods.end();
+    const bool keyed_method = policy_->protect && std::find(methods.begin(), methods.end(),
+                                                            head_.method_string()) != methods.end();
     if (!keyed_method) return stream_request();
     KeyHeader key = read_key(head_, core_->options.key_header, policy_->key_format);
     switch (key.kind) {
@@ -400,14 +399,15 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
             self->scope_, self->key_,
             CallOptions{.ttl = self->policy_->ttl, .fingerprint = self->fingerprint_}));
       } catch (const KeyReuse&) {
-        out = {std::nullopt, 422, "key-reuse",
+        out = {std::nullopt,
+               422,
+               "key-reuse",
                "this idempotency key was used before with a different request (method, target "
                "or body); use a new key for a new request",
                {}};
       } catch (const StoreUnavailable& e) {
         out = {std::nullopt, 503, "store-unavailable",
-               "the idempotency store cannot be reached; the request was not forwarded",
-               e.what()};
+               "the idempotency store cannot be reached; the request was not forwarded", e.what()};
       } catch (const std::exception& e) {
         out = {std::nullopt, 500, "internal-error",
                "the proxy failed to handle this request; it was not forwarded", e.what()};
@@ -465,11 +465,11 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     if (recorded->body_omitted) {
       // SPEC §13: the request ran; its answer was too large to keep. Never run it again.
       outcome_ = "too-large-to-replay";
-      return answer(refusal(410, "too-large-to-replay",
-                            "the request with this idempotency key ran, but its answer was too "
-                            "large to record, so it cannot be replayed; do not send it again",
-                            {{"recorded_status", recorded->status},
-                             {"recorded_size", recorded->body_size}}));
+      return answer(
+          refusal(410, "too-large-to-replay",
+                  "the request with this idempotency key ran, but its answer was too "
+                  "large to record, so it cannot be replayed; do not send it again",
+                  {{"recorded_status", recorded->status}, {"recorded_size", recorded->body_size}}));
     }
     outcome_ = "replayed";
     answer(from_record(*recorded, /*replayed=*/true));
@@ -638,7 +638,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
       case Failure::kConnect:
         return {502, "upstream-unreachable", "the proxy cannot connect to the upstream"};
       case Failure::kTooLarge:
-        return {502, "upstream-too-large", "the upstream's answer is larger than this proxy passes"};
+        return {502, "upstream-too-large",
+                "the upstream's answer is larger than this proxy passes"};
       case Failure::kBadResponse:
         return {502, "upstream-bad-response", "the upstream's answer is not valid HTTP/1.1"};
       case Failure::kBroken:
@@ -699,9 +700,9 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   // A problem answer naming this request (messages.h: fixed texts only).
   Response refusal(unsigned status, std::string_view code, std::string_view text,
                    std::vector<std::pair<std::string_view, std::uint64_t>> extra = {}) {
-    return problem(status, code, text,
-                   ProblemContext{client_.request_id, core_->options.problem_type_base,
-                                  std::move(extra)});
+    return problem(
+        status, code, text,
+        ProblemContext{client_.request_id, core_->options.problem_type_base, std::move(extra)});
   }
 
   void log_detail(const std::string& detail) {
@@ -773,13 +774,12 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     auto ms = [](SteadyClock::duration d) {
       return millis(std::chrono::duration<double, std::milli>(d).count());
     };
-    std::vector<Field> fields = {
-        {"request_id", client_.request_id},
-        {"client", client_.address + ":" + std::to_string(client_.port)},
-        {"method", std::string(head_.method_string())},
-        {"target", std::string(head_.target())},
-        {"status", std::to_string(status), true},
-        {"outcome", outcome}};
+    std::vector<Field> fields = {{"request_id", client_.request_id},
+                                 {"client", client_.address + ":" + std::to_string(client_.port)},
+                                 {"method", std::string(head_.method_string())},
+                                 {"target", std::string(head_.target())},
+                                 {"status", std::to_string(status), true},
+                                 {"outcome", outcome}};
     if (keyed_ && !key_.empty()) fields.push_back({"key", key_});
     if (upstream_time_) fields.push_back({"upstream_ms", ms(*upstream_time_), true});
     if (keyed_) fields.push_back({"store_ms", ms(store_time_), true});
@@ -983,8 +983,8 @@ void Server::Core::start_drain(const std::string& why) {
   signals.cancel(ignored);
   std::vector<std::shared_ptr<Drainable>> now = live_now();
   logger.info(why + ": stopped accepting; finishing " + std::to_string(now.size()) +
-      " connection(s) and late answer(s) (at most " +
-      std::to_string(options.drain_timeout.count()) + " ms)");
+              " connection(s) and late answer(s) (at most " +
+              std::to_string(options.drain_timeout.count()) + " ms)");
   for (auto& d : now) d->drain();
   {
     std::lock_guard<std::mutex> lock(live_mu);
@@ -1004,8 +1004,8 @@ void Server::Core::start_drain(const std::string& why) {
 void Server::Core::abort_all() {
   std::vector<std::shared_ptr<Drainable>> now = live_now();
   logger.warn("drain timeout: cancelling " + std::to_string(now.size()) +
-      " request(s); keys whose request may have reached the upstream stay held until their "
-      "leases run out");
+              " request(s); keys whose request may have reached the upstream stay held until their "
+              "leases run out");
   for (auto& d : now) d->abort();
   drain_timer.expires_after(kAbortGrace);
   drain_timer.async_wait([this](beast::error_code ec) {
@@ -1060,23 +1060,20 @@ void Server::run() {
   fail("listen");
   core.logger.info("listening on " + shown_address(core.acceptor.local_endpoint()) +
                    ", forwarding to http://" + o.upstream_host + ":" +
-                   std::to_string(o.upstream_port) + ", store " +
-                   core.executor.store().describe());
+                   std::to_string(o.upstream_port) + ", store " + core.executor.store().describe());
   if (!o.admin_address.empty()) {
     core.admin = std::make_shared<Admin>(core_);
     tcp::endpoint admin = core.admin->listen(o.admin_address, o.admin_port);
-    core.logger.info("admin listening on " + shown_address(admin) +
-                     " (/livez, /readyz, /metrics)");
+    core.logger.info("admin listening on " + shown_address(admin) + " (/livez, /readyz, /metrics)");
     core.admin->accept();
   }
   if (o.purge) {
     // SPEC §8: expired records go in bounded batches, off the request path.
-    core.purger.emplace(core.store,
-                        PurgerOptions{.interval = o.purge_interval,
-                                      .on_error = [&core](const std::exception& e) {
-                                        core.logger.error("purging expired records failed",
-                                                          {{"error", e.what()}});
-                                      }});
+    core.purger.emplace(
+        core.store,
+        PurgerOptions{.interval = o.purge_interval, .on_error = [&core](const std::exception& e) {
+                        core.logger.error("purging expired records failed", {{"error", e.what()}});
+                      }});
     core.logger.info("purging expired records every " +
                      std::to_string(o.purge_interval.count() / 1000) + " s");
   }

@@ -29,9 +29,8 @@ namespace {
 
 void hand_over(const std::shared_ptr<UpstreamPool::Waiter>& waiter,
                std::unique_ptr<Connection> conn) {
-  asio::post(waiter->executor, [ready = std::move(waiter->ready), conn = std::move(conn)]() mutable {
-    ready(std::move(conn));
-  });
+  asio::post(waiter->executor, [ready = std::move(waiter->ready),
+                                conn = std::move(conn)]() mutable { ready(std::move(conn)); });
 }
 
 }  // namespace

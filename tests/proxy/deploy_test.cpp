@@ -11,21 +11,21 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
-#include <thread>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -173,11 +173,12 @@ TEST_F(DeployTest, SystemdAcceptsTheUnit) {
   std::string unit = read_file(kUnit);
   const std::string installed = "ExecStart=/usr/bin/idem ";
   ASSERT_NE(unit.find(installed), std::string::npos);
-  unit.replace(unit.find(installed), installed.size(), "ExecStart=" + std::string(IDEM_BINARY) + " ");
+  unit.replace(unit.find(installed), installed.size(),
+               "ExecStart=" + std::string(IDEM_BINARY) + " ");
   const fs::path copy = dir_ / "idem-proxy.service";
   std::ofstream(copy) << unit;
-  const int status = run({"/usr/bin/systemd-analyze", "verify", copy.string()},
-                         dir_ / "verify.out", dir_ / "verify.err");
+  const int status = run({"/usr/bin/systemd-analyze", "verify", copy.string()}, dir_ / "verify.out",
+                         dir_ / "verify.err");
   EXPECT_EQ(status, 0) << read_file(dir_ / "verify.err");
   EXPECT_EQ(read_file(dir_ / "verify.err"), "");
 }
@@ -266,8 +267,10 @@ TEST_F(DeployTest, KubernetesSidecarRunsWithTheManifestsArgumentsAndAnswersItsPr
   // The ports the manifest names are the ones the arguments use.
   const std::string listen = option_value(args, "--listen");
   const std::string admin = option_value(args, "--admin");
-  EXPECT_EQ(listen.substr(listen.rfind(':') + 1), std::to_string(c["ports"]["idem-http"].get<int>()));
-  EXPECT_EQ(admin.substr(admin.rfind(':') + 1), std::to_string(c["ports"]["idem-admin"].get<int>()));
+  EXPECT_EQ(listen.substr(listen.rfind(':') + 1),
+            std::to_string(c["ports"]["idem-http"].get<int>()));
+  EXPECT_EQ(admin.substr(admin.rfind(':') + 1),
+            std::to_string(c["ports"]["idem-admin"].get<int>()));
   EXPECT_EQ(c["readiness"]["port"], "idem-admin");
   EXPECT_EQ(c["liveness"]["port"], "idem-admin");
   EXPECT_LT(seconds_of(option_value(args, "--drain-timeout")), c["grace"].get<int>());
@@ -278,8 +281,9 @@ TEST_F(DeployTest, KubernetesSidecarRunsWithTheManifestsArgumentsAndAnswersItsPr
   std::vector<std::string> env;
   for (const auto& [name, value] : c["env"].items()) {
     // The store's URL comes from a Secret in the manifest; here, the test's store.
-    env.push_back(name + "=" + (value.is_null() ? (name == "IDEM_STORE" ? store_url() : "") :
-                                                  value.get<std::string>()));
+    env.push_back(
+        name + "=" +
+        (value.is_null() ? (name == "IDEM_STORE" ? store_url() : "") : value.get<std::string>()));
   }
   ASSERT_NE(c["env"].find("IDEM_STORE"), c["env"].end());
 

@@ -1,22 +1,22 @@
 #include "harness.h"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -97,7 +97,8 @@ Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs
     const std::string var = *e;
     const std::string name = var.substr(0, var.find('='));
     bool replaced = false;
-    for (const std::string& extra : env) replaced = replaced || extra.substr(0, extra.find('=')) == name;
+    for (const std::string& extra : env)
+      replaced = replaced || extra.substr(0, extra.find('=')) == name;
     if (!replaced) vars.push_back(var);
   }
   vars.insert(vars.end(), env.begin(), env.end());
@@ -219,7 +220,8 @@ ProxyProcess::ProxyProcess(const fs::path& dir, const std::string& name,
 }
 
 ProxyProcess::ProxyProcess(Exactly, const fs::path& dir, const std::string& name,
-                           const std::vector<std::string>& args, const std::vector<std::string>& env)
+                           const std::vector<std::string>& args,
+                           const std::vector<std::string>& env)
     : err_(dir / (name + ".err")) {
   std::vector<std::string> argv = {IDEM_BINARY, "proxy"};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -239,7 +241,8 @@ void ProxyProcess::wait_until_listening() {
 std::uint16_t ProxyProcess::admin_port() const {
   const std::string marker = "admin listening on 127.0.0.1:";
   // Logged just after the proxied port's line.
-  if (!eventually([&] { return logged(marker); })) throw std::runtime_error("no admin listener: " + log());
+  if (!eventually([&] { return logged(marker); }))
+    throw std::runtime_error("no admin listener: " + log());
   std::string text = log();
   return static_cast<std::uint16_t>(std::stoi(text.substr(text.find(marker) + marker.size())));
 }

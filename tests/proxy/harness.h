@@ -182,7 +182,8 @@ class RawConnection {
   void send(const std::string& bytes);
   // Reads until `text` is among the bytes received; false when `bound` passed (or the
   // connection ended) first.
-  bool read_until(const std::string& text, std::chrono::milliseconds bound = std::chrono::seconds(30));
+  bool read_until(const std::string& text,
+                  std::chrono::milliseconds bound = std::chrono::seconds(30));
   // Everything received so far (since the last forget()).
   const std::string& received() const { return received_; }
   // Drops what was received, for the next answer on the same connection.

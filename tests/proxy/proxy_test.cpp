@@ -21,11 +21,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -337,8 +337,15 @@ TEST_F(ProxyTest, FiftyConcurrentClientsWithWaitAllGetTheRecordedAnswer) {
 TEST_F(ProxyTest, ReplayOfABinaryBodyIsByteExactThroughCurl) {
   auto proxy = start_proxy();
   const std::string k = key("k");
-  std::vector<std::string> args = {"-X", "POST", "-H", "Idempotency-Key: \"" + k + "\"", "-H",
-                                   "X-Test-Body-Size: 300000", "--data-binary", "payload", "-H",
+  std::vector<std::string> args = {"-X",
+                                   "POST",
+                                   "-H",
+                                   "Idempotency-Key: \"" + k + "\"",
+                                   "-H",
+                                   "X-Test-Body-Size: 300000",
+                                   "--data-binary",
+                                   "payload",
+                                   "-H",
                                    "Host: 127.0.0.1"};
   Reply first = curl(dir_.path(), proxy->url() + "/blob", args);
   ASSERT_EQ(first.status, 200u) << first.error;
@@ -403,9 +410,9 @@ TEST_F(ProxyTest, AnswerLargerThanTheRecordLimitIsRecordedAsAMarkerAndNeverRunsA
   Reply again = request(proxy->port(), "POST", "/big", headers);
   EXPECT_EQ(again.status, 410u) << again.error;
   EXPECT_THAT(again.header("Content-Type"), Optional(std::string(kProblemJson)));
-  EXPECT_THAT(again.body, AllOf(HasSubstr("\"code\":\"too-large-to-replay\""),
-                                HasSubstr("\"recorded_status\":200"),
-                                HasSubstr("\"recorded_size\":200000")));
+  EXPECT_THAT(again.body,
+              AllOf(HasSubstr("\"code\":\"too-large-to-replay\""),
+                    HasSubstr("\"recorded_status\":200"), HasSubstr("\"recorded_size\":200000")));
   EXPECT_EQ(upstream_.executions_of(k), 1);
 }
 
@@ -426,8 +433,8 @@ TEST_F(ProxyTest, TooManyRequestsAndRequestTimeoutReleaseTheKeyByDefault) {
   auto proxy = start_proxy();
   for (const char* status : {"429", "408"}) {
     const std::string k = key(status);
-    Reply refused = request(proxy->port(), "POST", "/pay",
-                            {{"Idempotency-Key", k}, {"X-Test-Status", status}});
+    Reply refused =
+        request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Status", status}});
     EXPECT_EQ(refused.status, static_cast<unsigned>(std::stoi(status))) << refused.error;
     EXPECT_FALSE(record("POST /pay", k).has_value()) << status;
     // A client that honours Retry-After gets through: the retry runs.
@@ -745,8 +752,8 @@ TEST_F(ProxyTest, RequestTrailersNeverBecomeHeaders) {
   const std::string chunked =
       "POST /pay HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
       "X-Test-Echo: 1\r\nTrailer: Idempotency-Key, Authorization, Host\r\nConnection: close\r\n"
-      "\r\n5\r\nhello\r\n0\r\nIdempotency-Key: " + k +
-      "\r\nAuthorization: Bearer smuggled\r\nHost: evil.example\r\n\r\n";
+      "\r\n5\r\nhello\r\n0\r\nIdempotency-Key: " +
+      k + "\r\nAuthorization: Bearer smuggled\r\nHost: evil.example\r\n\r\n";
   for (int i = 1; i <= 2; ++i) {
     Reply r = raw_request(proxy->port(), chunked);
     ASSERT_EQ(r.status, 200u) << r.error << r.body;
@@ -794,13 +801,15 @@ TEST_F(ProxyTest, AnAnswerThatSetsACookieIsNeverReplayedToARequestWithoutCredent
   auto proxy = start_proxy({}, "plain");
   const std::string k = key("k");
   Reply alice = request(proxy->port(), "POST", "/login",
-                        {{"Idempotency-Key", k}, {"Cookie", "session=alice"},
+                        {{"Idempotency-Key", k},
+                         {"Cookie", "session=alice"},
                          {"X-Test-Set-Cookie", "session=alice-2"}});
   ASSERT_EQ(alice.status, 200u) << alice.error;
   EXPECT_EQ(alice.header("Set-Cookie"), std::string("session=alice-2"));
   // Bob sends the same key with his own session: he must not get Alice's.
   Reply bob = request(proxy->port(), "POST", "/login",
-                      {{"Idempotency-Key", k}, {"Cookie", "session=bob"},
+                      {{"Idempotency-Key", k},
+                       {"Cookie", "session=bob"},
                        {"X-Test-Set-Cookie", "session=alice-2"}});
   EXPECT_EQ(bob.status, 410u) << bob.error << bob.body;
   EXPECT_THAT(bob.body, HasSubstr("\"code\":\"cookie-not-replayed\""));
@@ -813,7 +822,8 @@ TEST_F(ProxyTest, AnAnswerThatSetsACookieIsNeverReplayedToARequestWithoutCredent
   const std::string k2 = key("k2");
   auto login = [&](const std::string& who) {
     return request(named->port(), "POST", "/login",
-                   {{"Idempotency-Key", k2}, {"Cookie", "session=" + who},
+                   {{"Idempotency-Key", k2},
+                    {"Cookie", "session=" + who},
                     {"X-Test-Set-Cookie", "session=" + who + "-2"}});
   };
   EXPECT_FALSE(login("alice").replayed());
@@ -831,12 +841,13 @@ TEST_F(ProxyStoreDownTest, ProblemAnswersShowNoInternalsButARequestIdTheLogExpla
             200u);
   SqliteWriteLock lock((dir_ / "idem.db").string());
   Reply r = request(proxy->port(), "POST", "/pay",
-                    {{"Idempotency-Key", key("k")}, {"Authorization", "Bearer secret-token"},
+                    {{"Idempotency-Key", key("k")},
+                     {"Authorization", "Bearer secret-token"},
                      {"X-Request-Id", "req-7f3a"}});
   EXPECT_EQ(r.status, 503u) << r.error << r.body;
-  for (const std::string& internal : {dir_.path().string(), std::string("sqlite"),
-                                      std::string("idem.db"), std::string("c:"),
-                                      std::string("secret-token")}) {
+  for (const std::string& internal :
+       {dir_.path().string(), std::string("sqlite"), std::string("idem.db"), std::string("c:"),
+        std::string("secret-token")}) {
     EXPECT_THAT(r.body, Not(HasSubstr(internal)));
   }
   EXPECT_THAT(r.body, HasSubstr("\"request_id\":\"req-7f3a\""));
@@ -857,8 +868,9 @@ TEST_F(ProxyStoreDownTest, ProblemAnswersShowNoInternalsButARequestIdTheLogExpla
 // chunks, each after the gate "<gate>-<n>" opens.
 std::string streamed_request(const std::string& method, const std::string& target, int chunks,
                              const std::string& gate, const std::string& more_headers = {}) {
-  return method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Test-Stream: " +
-         std::to_string(chunks) + "\r\nX-Test-Stream-Gate: " + gate + "\r\n" + more_headers +
+  return method + " " + target +
+         " HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Test-Stream: " + std::to_string(chunks) +
+         "\r\nX-Test-Stream-Gate: " + gate + "\r\n" + more_headers +
          (method == "POST" ? "Content-Length: 0\r\n" : "") + "\r\n";
 }
 
@@ -891,8 +903,9 @@ TEST_F(ProxyTest, HeadBodilessAnswersAndHttp10ClientsKeepTheirFraming) {
   EXPECT_FALSE(none.header("Content-Length").has_value());
   EXPECT_FALSE(none.header("Transfer-Encoding").has_value());
   const std::string k = key("k");
-  EXPECT_EQ(client.send("POST", "/thing", {{"Idempotency-Key", k}, {"X-Test-Status", "204"}}).status,
-            204u);
+  EXPECT_EQ(
+      client.send("POST", "/thing", {{"Idempotency-Key", k}, {"X-Test-Status", "204"}}).status,
+      204u);
   Reply replay = client.send("POST", "/thing", {{"Idempotency-Key", k}});
   EXPECT_EQ(replay.status, 204u);
   EXPECT_TRUE(replay.replayed());
@@ -948,8 +961,10 @@ TEST_F(ProxyTest, LongAnswerIsNotCutOffWhileItsPiecesKeepComing) {
 TEST_F(ProxyTest, RequestBodyWithoutAKeyStreamsToTheUpstreamAsItArrives) {
   auto proxy = start_proxy({"--max-request-body", "1KiB"});
   RawConnection client(proxy->port());
-  client.send("POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
-              "X-Test-Announce: 1\r\n\r\n400\r\n" + std::string(1024, 'a') + "\r\n");
+  client.send(
+      "POST /upload HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+      "X-Test-Announce: 1\r\n\r\n400\r\n" +
+      std::string(1024, 'a') + "\r\n");
   // The upstream has the header while the client has sent only part of the body.
   EXPECT_TRUE(eventually([&] { return upstream_.announced().find("/upload") != std::string::npos; },
                          std::chrono::seconds(10)));
@@ -981,8 +996,9 @@ TEST_F(ProxyTest, TimeToFirstByteThroughTheProxyAgainstDirect) {
         upstream_.open_gate(gate + "-2");
         return std::make_pair(0.0, 0.0);
       }
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent)
-                       .count());
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent)
+              .count());
       upstream_.open_gate(gate + "-2");
       EXPECT_TRUE(client.read_until("\r\n0\r\n\r\n"));
     }
@@ -1145,15 +1161,16 @@ TEST_F(ProxyTest, ReadinessFollowsTheStore) {
   auto redis = [&] {
     return std::make_unique<Child>(
         std::vector<std::string>{"/usr/bin/redis-server", "--bind", "127.0.0.1", "--port",
-                                 std::to_string(port), "--save", "", "--appendonly", "no",
-                                 "--dir", dir_.path().string()},
+                                 std::to_string(port), "--save", "", "--appendonly", "no", "--dir",
+                                 dir_.path().string()},
         dir_ / "redis.out", dir_ / "redis.err");
   };
   auto server = redis();
   ASSERT_TRUE(eventually([&] { return !refuses_connections(port); }));
-  ProxyProcess proxy(dir_.path(), "proxy", upstream_.url(),
-                     "redis://127.0.0.1:" + std::to_string(port) + "/0?timeout=500&connect_timeout=500",
-                     {"--admin", "127.0.0.1:0"});
+  ProxyProcess proxy(
+      dir_.path(), "proxy", upstream_.url(),
+      "redis://127.0.0.1:" + std::to_string(port) + "/0?timeout=500&connect_timeout=500",
+      {"--admin", "127.0.0.1:0"});
   const std::uint16_t admin = proxy.admin_port();
   EXPECT_EQ(request(admin, "GET", "/readyz").status, 200u);
   server.reset();  // SIGKILL
@@ -1166,17 +1183,18 @@ TEST_F(ProxyTest, ReadinessFollowsTheStore) {
 
 TEST_F(ProxyTest, AccessLogInJsonTellsWhatHappenedAndTheUpstreamLearnsWhoAsked) {
   auto proxy = start_proxy({"--log-format", "json"});
-  Reply passed = request(proxy->port(), "POST", "/echo",
-                         {{"X-Test-Echo", "1"}, {"X-Request-Id", "rid-1"},
-                          {"X-Forwarded-For", "203.0.113.9"}});
+  Reply passed = request(
+      proxy->port(), "POST", "/echo",
+      {{"X-Test-Echo", "1"}, {"X-Request-Id", "rid-1"}, {"X-Forwarded-For", "203.0.113.9"}});
   ASSERT_EQ(passed.status, 200u);
   EXPECT_THAT(passed.body, AllOf(HasSubstr("X-Forwarded-For: 203.0.113.9, 127.0.0.1\n"),
                                  HasSubstr("Forwarded: for=127.0.0.1\n"),
                                  HasSubstr("Via: 1.1 idem\n"), HasSubstr("X-Request-Id: rid-1\n")));
   const std::string k = key("k");
-  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Request-Id", "rid-2"}})
-                .status,
-            200u);
+  ASSERT_EQ(
+      request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Request-Id", "rid-2"}})
+          .status,
+      200u);
   // Each request id names one line of JSON with the outcome and where the time went.
   auto line_of = [&](const std::string& id) {
     std::istringstream in(proxy->log());
@@ -1216,8 +1234,8 @@ TEST_F(ProxyTest, ExpiredRecordsArePurgedInTheBackgroundUnlessTurnedOff) {
   const std::string gone = key("gone");
   ASSERT_EQ(request(purging->port(), "POST", "/pay", {{"Idempotency-Key", gone}}).status, 200u);
   ASSERT_TRUE(record("POST /pay", gone).has_value());
-  EXPECT_TRUE(eventually([&] { return !record("POST /pay", gone).has_value(); },
-                         std::chrono::seconds(20)));
+  EXPECT_TRUE(
+      eventually([&] { return !record("POST /pay", gone).has_value(); }, std::chrono::seconds(20)));
   purging.reset();
   const std::string kept = key("kept");
   ASSERT_EQ(request(keeping->port(), "POST", "/pay", {{"Idempotency-Key", kept}}).status, 200u);
@@ -1233,8 +1251,10 @@ TEST_F(ProxyTest, ExpiredRecordsArePurgedInTheBackgroundUnlessTurnedOff) {
 // The smaller findings.
 
 TEST_F(ProxyTest, RetryAfterSaysWhatRequestsTakeUnlessTheKeyIsHeldUntilItsLeaseRunsOut) {
-  auto proxy = start_proxy({"--lease", "60s", "--problem-type-base", "https://api.example/problems/"});
-  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("warm")}}).status, 200u);
+  auto proxy =
+      start_proxy({"--lease", "60s", "--problem-type-base", "https://api.example/problems/"});
+  ASSERT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", key("warm")}}).status,
+            200u);
   const std::string k = key("k");
   Reply first;
   std::thread owner = send_gated(proxy->port(), k, first);
@@ -1248,9 +1268,10 @@ TEST_F(ProxyTest, RetryAfterSaysWhatRequestsTakeUnlessTheKeyIsHeldUntilItsLeaseR
 
   // A key held after an uncertain outcome frees up only when its lease runs out.
   const std::string held = key("held");
-  EXPECT_EQ(request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}, {"X-Test-Drop", "1"}})
-                .status,
-            502u);
+  EXPECT_EQ(
+      request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}, {"X-Test-Drop", "1"}})
+          .status,
+      502u);
   Reply wait = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", held}});
   ASSERT_EQ(wait.status, 409u);
   EXPECT_GE(std::stoi(wait.header("Retry-After").value_or("0")), 30);
@@ -1280,8 +1301,9 @@ TEST_F(ProxyTest, IdemShowDecodesARecordedAnswer) {
                 .status,
             200u);
   auto show = [&](const std::string& which, const std::vector<std::string>& more) {
-    std::vector<std::string> argv = {IDEM_BINARY, "show", "--store", store_url(), "--scope",
-                                     hosted("POST /pay"), "--key", which};
+    std::vector<std::string> argv = {IDEM_BINARY, "show",    "--store",
+                                     store_url(), "--scope", hosted("POST /pay"),
+                                     "--key",     which};
     argv.insert(argv.end(), more.begin(), more.end());
     const fs::path out = dir_ / ("show." + which), err = dir_ / ("show.err." + which);
     const int status = run(argv, out, err);
@@ -1296,7 +1318,8 @@ TEST_F(ProxyTest, IdemShowDecodesARecordedAnswer) {
   EXPECT_THAT(body, HasSubstr("execution=1 "));
   auto [marker_status, marker] = show(big, {});
   EXPECT_EQ(marker_status, 0);
-  EXPECT_THAT(marker, AllOf(HasSubstr("\"body_bytes\": 5000"), HasSubstr("\"body_recorded\": false")));
+  EXPECT_THAT(marker,
+              AllOf(HasSubstr("\"body_bytes\": 5000"), HasSubstr("\"body_recorded\": false")));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -366,7 +366,8 @@ TEST(Messages, RetryAfterRoundsUpToWholeSecondsAndIsAtLeastOne) {
 
 TEST(Messages, ReleaseStatusesDefaultToServerErrorsTooManyRequestsAndRequestTimeout) {
   ProxyOptions o;
-  for (unsigned status : {500u, 503u, 599u, 429u, 408u}) EXPECT_TRUE(releases(status, o.policy)) << status;
+  for (unsigned status : {500u, 503u, 599u, 429u, 408u})
+    EXPECT_TRUE(releases(status, o.policy)) << status;
   for (unsigned status : {200u, 201u, 400u, 404u, 409u, 422u}) {
     EXPECT_FALSE(releases(status, o.policy)) << status;
   }

@@ -118,8 +118,8 @@ void write_stream(tcp::socket& socket, int chunks, const std::string& gate, bool
   asio::write(socket, asio::buffer(head), ec);
   for (int i = 1; i <= chunks && !ec; ++i) {
     if (i > 1 && !gate.empty()) wait_gate(gate + "-" + std::to_string(i));
-    std::string text = sse ? "data: chunk " + std::to_string(i) + "\n\n"
-                           : "chunk " + std::to_string(i) + "\n";
+    std::string text =
+        sse ? "data: chunk " + std::to_string(i) + "\n\n" : "chunk " + std::to_string(i) + "\n";
     char size[32];
     std::snprintf(size, sizeof size, "%zx\r\n", text.size());
     asio::write(socket, asio::buffer(std::string(size) + text + "\r\n"), ec);
@@ -136,8 +136,8 @@ void serve(tcp::socket socket) {
     parser.body_limit(256 * 1024 * 1024);
     http::read_header(socket, buffer, parser, ec);
     if (ec) return;
-    if (auto it = parser.get().find("X-Test-Announce"); it != parser.get().end() &&
-                                                        announce_fd >= 0) {
+    if (auto it = parser.get().find("X-Test-Announce");
+        it != parser.get().end() && announce_fd >= 0) {
       std::string line = std::string(parser.get().target()) + "\n";
       (void)!::write(announce_fd, line.data(), line.size());
     }
@@ -180,8 +180,10 @@ void serve(tcp::socket socket) {
                        " body=" + std::to_string(req.body().size()) + "\n";
     if (auto cut = header(req, "X-Test-Cut", ""); !cut.empty()) {
       const std::size_t n = std::strtoull(cut.c_str(), nullptr, 10);
-      std::string out = "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                        "Content-Length: " + std::to_string(2 * n) + "\r\n\r\n";
+      std::string out =
+          "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+          "Content-Length: " +
+          std::to_string(2 * n) + "\r\n\r\n";
       out += std::string(n, 'c');
       asio::write(socket, asio::buffer(out), ec);
       socket.shutdown(tcp::socket::shutdown_both, ec);
@@ -260,8 +262,8 @@ int main(int argc, char** argv) {
   }
   if (!log_file.empty()) {
     log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    announce_fd = ::open((log_file + ".announce").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
-                         0644);
+    announce_fd =
+        ::open((log_file + ".announce").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0 || announce_fd < 0) {
       std::perror(log_file.c_str());
       return 1;
