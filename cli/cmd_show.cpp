@@ -12,6 +12,9 @@
 #include "idem/store.h"
 #include "json_output.h"
 #include "payload.h"
+#ifdef IDEM_WITH_PROXY
+#include "proxy/record.h"
+#endif
 
 namespace idem::cli {
 namespace {
@@ -58,10 +61,25 @@ int show(const ShowArgs& args) {
                                    what, iso8601(record->expires_at)));
     return kExitAbsent;
   }
-  // A record `idem run` wrote prints its command's output; any other payload (a library
-  // caller's) prints as stored.
-  std::optional<CommandResult> result = decode_payload(record->payload);
-  write_stdout(result ? std::string_view(result->output) : std::string_view(record->payload));
+  // A record `idem run` wrote prints its command's output, one `idem proxy` wrote its
+  // answer's body; any other payload (a library caller's) prints as stored.
+  if (std::optional<CommandResult> result = decode_payload(record->payload)) {
+    write_stdout(result->output);
+    return kExitOk;
+  }
+#ifdef IDEM_WITH_PROXY
+  if (std::optional<proxy::RecordedResponse> answer = proxy::decode_record(record->payload)) {
+    if (answer->body_omitted) {
+      print_error(kName, fmt::format("the answer recorded for {} was too large to keep ({} "
+                                     "bytes); only its status and headers are stored",
+                                     what, answer->body_size));
+      return kExitAbsent;
+    }
+    write_stdout(answer->body);
+    return kExitOk;
+  }
+#endif
+  write_stdout(record->payload);
   return kExitOk;
 }
 

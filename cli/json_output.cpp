@@ -4,6 +4,9 @@
 
 #include "common.h"
 #include "payload.h"
+#ifdef IDEM_WITH_PROXY
+#include "proxy/record.h"
+#endif
 
 namespace idem::cli {
 namespace {
@@ -53,10 +56,26 @@ nlohmann::ordered_json record_json(std::string_view store, std::string_view scop
     out["exit_status"] = result->exit_status;
     out["status_only"] = result->status_only;
     out["output_bytes"] = result->output.size();
-  } else {
-    // Written by a library caller (or a newer idem) under the same scope.
-    out["format"] = nullptr;
+    return out;
   }
+#ifdef IDEM_WITH_PROXY
+  if (std::optional<proxy::RecordedResponse> answer = proxy::decode_record(r.payload)) {
+    // An HTTP answer `idem proxy` recorded (docs/proxy.md, "Record format").
+    out["format"] = "idem-proxy/" + std::to_string(proxy::kRecordVersion);
+    nlohmann::ordered_json http;
+    http["status"] = answer->status;
+    http["reason"] = answer->reason;
+    nlohmann::ordered_json headers = nlohmann::ordered_json::array();
+    for (const auto& [name, value] : answer->headers) headers.push_back({name, value});
+    http["headers"] = std::move(headers);
+    http["body_bytes"] = answer->body_omitted ? answer->body_size : answer->body.size();
+    http["body_recorded"] = !answer->body_omitted;
+    out["http"] = std::move(http);
+    return out;
+  }
+#endif
+  // Written by a library caller (or a newer idem) under the same scope.
+  out["format"] = nullptr;
   return out;
 }
 

@@ -50,7 +50,7 @@ build_and_test() {
   local name=$1 dir=$2; shift 2
   echo "== configure $dir $*"
   cmake -S . -B "$dir" -G Ninja -DIDEM_WITH_SQLITE=ON -DIDEM_WITH_POSTGRES=ON -DIDEM_WITH_REDIS=ON \
-    "$@" >/dev/null
+    -DIDEM_WITH_SYSTEMD=ON "$@" >/dev/null
   echo "== build $dir"
   cmake --build "$dir" -j "$jobs"
   stage_done "$name: build"

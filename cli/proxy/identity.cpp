@@ -4,6 +4,7 @@
 
 #include <array>
 #include <boost/beast/core/string.hpp>
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -70,7 +71,7 @@ KeyHeader malformed(std::string why) {
 }
 
 // The value of the named cookie in the request's Cookie headers, if any.
-std::optional<std::string_view> cookie(const Request& request, std::string_view name) {
+std::optional<std::string_view> cookie(const RequestHeader& request, std::string_view name) {
   std::optional<std::string_view> found;
   for_each_value(request, http::field::cookie, [&](std::string_view rest) {
     while (!rest.empty() && !found) {
@@ -90,6 +91,36 @@ std::string_view path_of(std::string_view target) {
   return target.substr(0, target.find('?'));
 }
 
+// The credentials that identify the caller (docs/proxy.md, "Identity"), or "" for none.
+std::string credentials_of(const RequestHeader& request, const ProxyOptions& options) {
+  std::string credentials;
+  if (!options.credential_scope) return credentials;
+  for_each_value(request, http::field::authorization, [&](std::string_view value) {
+    credentials += "authorization\n";
+    credentials += value;
+    credentials += '\n';
+  });
+  if (credentials.empty()) {
+    for (const std::string& name : options.credential_cookies) {
+      if (auto value = cookie(request, name)) {
+        credentials += "cookie\n" + name + "=";
+        credentials += *value;
+        credentials += '\n';
+      }
+    }
+  }
+  return credentials;
+}
+
+bool is_uuid(std::string_view key) {
+  if (key.size() != 36) return false;
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? key[i] != '-' : !std::isxdigit(static_cast<unsigned char>(key[i]))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string sha256_hex(std::string_view bytes) {
@@ -98,11 +129,11 @@ std::string sha256_hex(std::string_view bytes) {
   return digest.hex();
 }
 
-KeyHeader read_key(const Request& request) {
-  auto range = request.equal_range(kKeyHeader);
+KeyHeader read_key(const RequestHeader& request, std::string_view header, KeyFormat format) {
+  auto range = request.equal_range(header);
   if (range.first == range.second) return {};
   if (std::next(range.first) != range.second) {
-    return malformed("the request has more than one Idempotency-Key header");
+    return malformed("the request has more than one key header");
   }
   std::string_view value = trim(range.first->value());
   std::string key;
@@ -114,7 +145,7 @@ KeyHeader read_key(const Request& request) {
       char c = value[i];
       if (c == '\\') {
         if (i + 1 >= value.size() || (value[i + 1] != '"' && value[i + 1] != '\\')) {
-          return malformed("the Idempotency-Key string has an escape other than \\\" or \\\\");
+          return malformed("the key string has an escape other than \\\" or \\\\");
         }
         key += value[++i];
       } else if (c == '"') {
@@ -122,33 +153,46 @@ KeyHeader read_key(const Request& request) {
         ++i;
         break;
       } else if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) {
-        return malformed("the Idempotency-Key string holds a byte that is not printable ASCII");
+        return malformed("the key string holds a byte that is not printable ASCII");
       } else {
         key += c;
       }
     }
-    if (!closed) return malformed("the Idempotency-Key string has no closing quote");
+    if (!closed) return malformed("the key string has no closing quote");
     if (i != value.size()) {
-      return malformed("the Idempotency-Key header has something after the closing quote");
+      return malformed("the key header has something after the closing quote");
     }
   } else {
     for (char c : value) {
       if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) > 0x7e) {
-        return malformed(
-            "the Idempotency-Key is neither a quoted string nor a token of visible ASCII");
+        return malformed("the key is neither a quoted string nor a token of visible ASCII");
       }
     }
     key = std::string(value);
   }
-  if (key.empty()) return malformed("the Idempotency-Key is empty");
+  if (key.empty()) return malformed("the key is empty");
   if (key.size() > kMaxKeyBytes) {
-    return malformed("the Idempotency-Key is " + std::to_string(key.size()) +
+    return malformed("the key is " + std::to_string(key.size()) +
                      " bytes, more than the limit of " + std::to_string(kMaxKeyBytes));
+  }
+  if (format == KeyFormat::kUuid && !is_uuid(key)) {
+    return malformed(
+        "this endpoint takes only UUIDs as keys (36 characters, such as "
+        "\"8e03978e-40d5-43e8-bc93-6894a57f9324\")");
   }
   return KeyHeader{KeyHeader::Kind::kValid, std::move(key), {}};
 }
 
-std::string scope_of(const Request& request, const ProxyOptions& options) {
+std::string scope_of(const RequestHeader& request, const ProxyOptions& options) {
+  return scope_of(request, options, options.policy);
+}
+
+bool has_credentials(const RequestHeader& request, const ProxyOptions& options) {
+  return !credentials_of(request, options).empty();
+}
+
+std::string scope_of(const RequestHeader& request, const ProxyOptions& options,
+                     const Policy& policy) {
   std::string scope;
   if (!options.scope_header.empty()) {
     auto it = request.find(options.scope_header);
@@ -159,26 +203,20 @@ std::string scope_of(const Request& request, const ProxyOptions& options) {
       scope += ' ';
     }
   }
-  if (options.credential_scope) {
-    std::string credentials;
-    for_each_value(request, http::field::authorization, [&](std::string_view value) {
-      credentials += "authorization\n";
-      credentials += value;
-      credentials += '\n';
-    });
-    if (credentials.empty()) {
-      for (const std::string& name : options.credential_cookies) {
-        if (auto value = cookie(request, name)) {
-          credentials += "cookie\n" + name + "=";
-          credentials += *value;
-          credentials += '\n';
-        }
-      }
-    }
-    if (!credentials.empty()) scope += "c:" + sha256_hex(credentials) + " ";
+  if (std::string credentials = credentials_of(request, options); !credentials.empty()) {
+    scope += "c:" + sha256_hex(credentials) + " ";
   }
-  if (!options.fixed_scope.empty()) {
-    scope += options.fixed_scope;
+  if (options.host_scope) {
+    // SPEC §13: virtual hosts behind one proxy never share records. A host name is
+    // case-insensitive (RFC 9110 §4.2.3).
+    if (auto it = request.find(http::field::host); it != request.end()) {
+      std::string host(it->value());
+      for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      scope += "h" + std::to_string(host.size()) + ":" + host + " ";
+    }
+  }
+  if (!policy.fixed_scope.empty()) {
+    scope += policy.fixed_scope;
   } else {
     scope += request.method_string();
     scope += ' ';
@@ -188,11 +226,12 @@ std::string scope_of(const Request& request, const ProxyOptions& options) {
   return scope;
 }
 
-std::string fingerprint_of(const Request& request, const ProxyOptions& options) {
+std::string fingerprint_of(const RequestHeader& request, std::string_view body,
+                           const ProxyOptions& options) {
   Sha256 digest;
   digest.add_field(request.method_string());
   digest.add_field(request.target());
-  digest.add_field(request.body());
+  digest.add_field(body);
   for (const std::string& name : options.fingerprint_headers) {
     std::string values;
     for_each_value(request, name, [&](std::string_view value) {

@@ -1,10 +1,14 @@
 #include "messages.h"
 
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <array>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/status.hpp>
+#include <ctime>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <vector>
 
 namespace idem::proxy {
@@ -22,7 +26,31 @@ constexpr std::array<http::field, 8> kHopByHop = {
 // Statuses whose answers carry no body (RFC 9110 §6.4.1).
 bool bodiless(unsigned status) { return status < 200 || status == 204 || status == 304; }
 
+// Appends `value` to the list header `name` (RFC 9110 §5.3: one line, comma-separated).
+void append_to_list(http::fields& fields, std::string_view name, std::string_view value) {
+  std::string joined;
+  for_each_value(fields, name, [&](std::string_view v) {
+    if (!joined.empty()) joined += ", ";
+    joined += v;
+  });
+  if (!joined.empty()) joined += ", ";
+  joined += value;
+  fields.set(name, joined);
+}
+
 }  // namespace
+
+bool keep_alive_of(const RequestHeader& req) {
+  bool close = false, keep = false;
+  for_each_value(req, http::field::connection, [&](std::string_view value) {
+    for (auto token : http::token_list(value)) {
+      if (beast::iequals(token, "close")) close = true;
+      if (beast::iequals(token, "keep-alive")) keep = true;
+    }
+  });
+  // RFC 9112 §9.3: HTTP/1.1 persists unless told to close; HTTP/1.0 only when asked.
+  return !close && (req.version() >= 11 || keep);
+}
 
 void strip_hop_by_hop(http::fields& fields) {
   // Headers named in Connection are hop-by-hop too.
@@ -35,36 +63,42 @@ void strip_hop_by_hop(http::fields& fields) {
   fields.erase(http::field::upgrade);
 }
 
-Request upstream_request(const Request& client) {
-  Request out = client;
+RequestHeader upstream_header(const RequestHeader& client, const ClientInfo& who) {
+  RequestHeader out = client;
   strip_hop_by_hop(out);
-  // The proxy has read the whole body already; the upstream must not wait for a 100.
+  // The proxy answers Expect itself; the upstream must not wait for a 100.
   out.erase(http::field::expect);
+  out.erase(http::field::content_length);
   for (std::string_view name : {kTokenHeader, kAttemptHeader, kStolenHeader}) out.erase(name);
+  // HTTP/1.1 without a Connection header: kept alive.
   out.version(11);
-  out.keep_alive(true);
-  out.prepare_payload();
+  if (!who.address.empty()) {
+    append_to_list(out, "X-Forwarded-For", who.address);
+    // RFC 7239 §6: an IPv6 address is quoted, in brackets.
+    const bool v6 = who.address.find(':') != std::string::npos;
+    append_to_list(out, "Forwarded", v6 ? "for=\"[" + who.address + "]\"" : "for=" + who.address);
+  }
+  append_to_list(out, "Via", "1.1 idem");
+  if (!who.request_id.empty()) out.set(kRequestIdHeader, who.request_id);
   return out;
 }
 
-void add_fencing(Request& upstream, std::uint64_t token, std::uint32_t attempt, bool stolen) {
+void add_fencing(RequestHeader& upstream, std::uint64_t token, std::uint32_t attempt, bool stolen) {
   upstream.set(kTokenHeader, std::to_string(token));
   upstream.set(kAttemptHeader, std::to_string(attempt));
   upstream.set(kStolenHeader, stolen ? "true" : "false");
 }
 
-RecordedResponse to_record(const Response& upstream) {
-  Response copy_headers;
-  copy_headers.base() = upstream.base();
-  strip_hop_by_hop(copy_headers);
-  copy_headers.erase(http::field::content_length);
+RecordedResponse to_record(const ResponseHeader& upstream) {
+  ResponseHeader copy = upstream;
+  strip_hop_by_hop(copy);
+  copy.erase(http::field::content_length);
   RecordedResponse r;
   r.status = upstream.result_int();
   r.reason = std::string(upstream.reason());
-  for (const auto& field : copy_headers) {
+  for (const auto& field : copy) {
     r.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
   }
-  r.body = upstream.body();
   return r;
 }
 
@@ -78,10 +112,17 @@ Response from_record(const RecordedResponse& record, bool replayed) {
   return res;
 }
 
-void prepare_for_client(Response& res, const Request& req, bool close) {
+bool sets_cookie(const RecordedResponse& record) {
+  return std::any_of(record.headers.begin(), record.headers.end(), [](const auto& header) {
+    return beast::iequals(header.first, "Set-Cookie") ||
+           beast::iequals(header.first, "Set-Cookie2");
+  });
+}
+
+void prepare_for_client(Response& res, const RequestHeader& req, bool close) {
   strip_hop_by_hop(res);
   res.version(req.version());
-  res.keep_alive(!close && req.keep_alive());
+  res.keep_alive(!close && keep_alive_of(req));
   if (bodiless(res.result_int())) {
     res.erase(http::field::content_length);
     res.body().clear();
@@ -92,23 +133,43 @@ void prepare_for_client(Response& res, const Request& req, bool close) {
   }
 }
 
-bool releases(unsigned status, const ProxyOptions& options) {
-  return std::any_of(options.release_statuses.begin(), options.release_statuses.end(),
+void prepare_streamed(StreamedResponse& res, const RequestHeader& req, bool close) {
+  const bool has_length = res.find(http::field::content_length) != res.end();
+  strip_hop_by_hop(res);
+  res.version(req.version());
+  if (bodiless(res.result_int())) {
+    res.erase(http::field::content_length);
+  } else if (req.method() != http::verb::head && !has_length) {
+    if (req.version() >= 11) {
+      res.chunked(true);
+    } else {
+      close = true;  // the end of the connection ends the body
+    }
+  }
+  res.keep_alive(!close && keep_alive_of(req));
+}
+
+bool releases(unsigned status, const Policy& policy) {
+  return std::any_of(policy.release_statuses.begin(), policy.release_statuses.end(),
                      [status](const StatusRange& r) { return r.contains(status); });
 }
 
-Response problem(unsigned status, std::string_view code, std::string_view detail) {
+Response problem(unsigned status, std::string_view code, std::string_view detail,
+                 const ProblemContext& context) {
   Response res;
   res.result(status);
   std::string title(http::obsolete_reason(static_cast<http::status>(status)));
-  nlohmann::json body = {{"type", "about:blank"},
-                         {"title", title},
-                         {"status", status},
-                         {"detail", detail},
-                         {"code", code}};
+  std::string type = context.type_base.empty() ? std::string("about:blank")
+                                               : std::string(context.type_base) + std::string(code);
+  nlohmann::json body = {
+      {"type", type}, {"title", title}, {"status", status}, {"detail", detail}, {"code", code}};
+  for (const auto& [name, value] : context.extra) body[std::string(name)] = value;
+  if (!context.request_id.empty()) body["request_id"] = context.request_id;
   res.set(http::field::content_type, "application/problem+json");
   res.set(http::field::cache_control, "no-store");
-  // Details may quote bytes a client sent; never fail on invalid UTF-8.
+  res.set(http::field::date, http_date(std::chrono::system_clock::now()));
+  if (!context.request_id.empty()) res.set(kRequestIdHeader, context.request_id);
+  // Never fail on invalid UTF-8 (a request id is checked, but be safe).
   res.body() = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   return res;
 }
@@ -116,6 +177,45 @@ Response problem(unsigned status, std::string_view code, std::string_view detail
 std::string retry_after(std::chrono::milliseconds d) {
   auto seconds = (d.count() + 999) / 1000;
   return std::to_string(std::max<std::int64_t>(1, seconds));
+}
+
+std::string http_date(std::chrono::system_clock::time_point t) {
+  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&seconds, &tm);
+  char out[40];
+  std::snprintf(out, sizeof out, "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[tm.tm_wday % 7],
+                tm.tm_mday, kMonths[tm.tm_mon % 12], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
+                tm.tm_sec);
+  return out;
+}
+
+std::optional<std::string> usable_request_id(std::string_view value) {
+  if (value.empty() || value.size() > 128) return std::nullopt;
+  for (char c : value) {
+    if (c <= 0x20 || c > 0x7e || c == '"' || c == '\\') return std::nullopt;
+  }
+  return std::string(value);
+}
+
+std::string new_request_id() {
+  std::array<unsigned char, 16> bytes{};
+  if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) {
+    // Not a secret, only an id: a weaker source is fine if OpenSSL's is not available.
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(32);
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 0x0f];
+  }
+  return out;
 }
 
 }  // namespace idem::proxy

@@ -61,15 +61,19 @@ void for_each_item(std::string_view text, F&& f) {
 
 }  // namespace
 
-void parse_listen(std::string_view text, ProxyOptions& options) {
-  auto [host, port] = split_host_port(text, "127.0.0.1:8080");
-  unsigned char address[sizeof(in6_addr)];
-  if (::inet_pton(AF_INET, host.c_str(), address) != 1 &&
-      ::inet_pton(AF_INET6, host.c_str(), address) != 1) {
+void parse_address(std::string_view text, std::string& address, std::uint16_t& port) {
+  auto [host, port_text] = split_host_port(text, "127.0.0.1:8080");
+  unsigned char bytes[sizeof(in6_addr)];
+  if (::inet_pton(AF_INET, host.c_str(), bytes) != 1 &&
+      ::inet_pton(AF_INET6, host.c_str(), bytes) != 1) {
     throw std::invalid_argument("'" + host + "' is not an IPv4 or IPv6 address");
   }
-  options.listen_address = host;
-  options.listen_port = parse_port(port, "--listen");
+  address = host;
+  port = parse_port(port_text, "the address");
+}
+
+void parse_listen(std::string_view text, ProxyOptions& options) {
+  parse_address(text, options.listen_address, options.listen_port);
 }
 
 void parse_upstream(std::string_view text, ProxyOptions& options) {
@@ -135,6 +139,94 @@ std::vector<StatusRange> parse_statuses(std::string_view text) {
     }
   });
   return out;
+}
+
+KeyFormat parse_key_format(std::string_view text) {
+  text = trim(text);
+  if (text == "any") return KeyFormat::kAny;
+  if (text == "uuid") return KeyFormat::kUuid;
+  throw std::invalid_argument("'" + std::string(text) + "' is not a key format (any, uuid)");
+}
+
+LogFormat parse_log_format(std::string_view text) {
+  text = trim(text);
+  if (text == "logfmt") return LogFormat::kLogfmt;
+  if (text == "json") return LogFormat::kJson;
+  throw std::invalid_argument("'" + std::string(text) + "' is not a log format (logfmt, json)");
+}
+
+std::string parse_header_name(std::string_view text) {
+  // RFC 9110 §5.6.2: a token.
+  static constexpr std::string_view kTokenPunctuation = "!#$%&'*+-.^_`|~";
+  if (text.empty()) throw std::invalid_argument("a header name must not be empty");
+  for (char c : text) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) &&
+        kTokenPunctuation.find(c) == std::string_view::npos) {
+      throw std::invalid_argument("'" + std::string(text) + "' is not a header name");
+    }
+  }
+  return std::string(text);
+}
+
+namespace {
+
+// The greedy wildcard match with one backtracking point (linear in practice, never
+// exponential): `is_star(p)` says whether a pattern element matches any run of text
+// elements, `matches(p, t)` whether it matches one.
+template <typename Pattern, typename Text, typename IsStar, typename Matches>
+bool wildcard_match(const Pattern& pattern, const Text& text, IsStar is_star, Matches matches) {
+  std::size_t p = 0, t = 0, star = std::string_view::npos, resume = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && is_star(pattern[p])) {
+      star = p++;
+      resume = t;
+    } else if (p < pattern.size() && matches(pattern[p], text[t])) {
+      ++p;
+      ++t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      t = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && is_star(pattern[p])) ++p;
+  return p == pattern.size();
+}
+
+// One path segment against one pattern segment: `*` matches any run of characters.
+bool segment_matches(std::string_view pattern, std::string_view text) {
+  return wildcard_match(
+      pattern, text, [](char c) { return c == '*'; }, [](char a, char b) { return a == b; });
+}
+
+std::vector<std::string_view> segments(std::string_view path) {
+  std::vector<std::string_view> out;
+  if (!path.empty() && path.front() == '/') path.remove_prefix(1);
+  while (true) {
+    std::size_t slash = path.find('/');
+    out.push_back(path.substr(0, slash));
+    if (slash == std::string_view::npos) break;
+    path.remove_prefix(slash + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool path_matches(std::string_view pattern, std::string_view path) {
+  if (pattern.find('*') == std::string_view::npos) return pattern == path;
+  // The same match one level up: a `**` segment matches any run of segments.
+  return wildcard_match(
+      segments(pattern), segments(path), [](std::string_view s) { return s == "**"; },
+      segment_matches);
+}
+
+const Policy& policy_for(const ProxyOptions& options, std::string_view path) {
+  for (const Route& route : options.routes) {
+    if (path_matches(route.path, path)) return route.policy;
+  }
+  return options.policy;
 }
 
 }  // namespace idem::proxy

@@ -39,7 +39,7 @@ class Reader {
 }  // namespace
 
 std::size_t encoded_size(const RecordedResponse& r) {
-  std::size_t size = kFixedBytes + r.reason.size() + r.body.size();
+  std::size_t size = kFixedBytes + r.reason.size() + (r.body_omitted ? 8 : r.body.size());
   for (const auto& [name, value] : r.headers) size += 8 + name.size() + value.size();
   return size;
 }
@@ -49,7 +49,7 @@ std::string encode_record(const RecordedResponse& r) {
   out.reserve(encoded_size(r));
   out += kRecordMagic;
   out += static_cast<char>(kRecordVersion);
-  out += '\0';
+  out += static_cast<char>(r.body_omitted ? kFlagBodyOmitted : 0);
   put(out, r.status, 2);
   // A reason phrase longer than 64 KiB cannot come from a parser with a header limit; cut
   // it rather than write a length that lies.
@@ -64,7 +64,11 @@ std::string encode_record(const RecordedResponse& r) {
     put(out, value.size(), 4);
     out += value;
   }
-  out += r.body;
+  if (r.body_omitted) {
+    put(out, r.body_size, 8);
+  } else {
+    out += r.body;
+  }
   return out;
 }
 
@@ -84,7 +88,9 @@ std::optional<RecordedResponse> decode_record(std::string_view bytes, std::strin
     return fail("the recorded answer has format version " + std::to_string(version) +
                 "; this idem reads version " + std::to_string(kRecordVersion));
   }
-  if (flags != 0) return fail("the recorded answer has unknown flags " + std::to_string(flags));
+  if ((flags & ~std::uint64_t{kFlagBodyOmitted}) != 0) {
+    return fail("the recorded answer has unknown flags " + std::to_string(flags));
+  }
   RecordedResponse r;
   (void)in.number(2, &status);
   if (status < 100 || status > 999) {
@@ -106,6 +112,13 @@ std::optional<RecordedResponse> decode_record(std::string_view bytes, std::strin
       return fail("the recorded answer is truncated");
     }
     r.headers.emplace_back(std::move(name), std::move(value));
+  }
+  if ((flags & kFlagBodyOmitted) != 0) {
+    r.body_omitted = true;
+    if (!in.number(8, &r.body_size) || !in.rest().empty()) {
+      return fail("the recorded answer's marker is malformed");
+    }
+    return r;
   }
   r.body = std::string(in.rest());
   return r;

@@ -3,43 +3,41 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 #include <csignal>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
-#include <unordered_map>
-#include <variant>
 #include <vector>
 
+#include "admin.h"
+#include "core.h"
+#include "exchange.h"
 #include "idem/error.h"
 #include "idem/executor.h"
 #include "identity.h"
 #include "messages.h"
-#include "record.h"
 #include "net.h"
-#include "upstream.h"
+#include "notify.h"
+#include "record.h"
 
 namespace idem::proxy {
 
@@ -49,29 +47,12 @@ namespace {
 // memory, so a poll of a key held in this process costs no store round trip.
 constexpr Duration kFirstPoll{10};
 constexpr Duration kMaxPoll{250};
-// After drain_timeout, how long cancelled requests get to release and answer.
+// After drain_timeout, how long cancelled requests get to end and answer.
 constexpr Duration kAbortGrace{5000};
 
 bool idempotent_method(http::verb v) {
   return v == http::verb::get || v == http::verb::head || v == http::verb::put ||
          v == http::verb::delete_ || v == http::verb::options || v == http::verb::trace;
-}
-
-// Shows bytes a client sent safely in a log line.
-std::string printable(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (char c : text) {
-    auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u < 0x7f && c != '\\' && c != '"') {
-      out += c;
-    } else {
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0x0f];
-    }
-  }
-  return out;
 }
 
 Duration jittered(Duration d) {
@@ -80,104 +61,72 @@ Duration jittered(Duration d) {
   return Duration{dist(rng)};
 }
 
-// The problem answer for an upstream exchange that failed (docs/proxy.md, "Every answer").
-struct FailureAnswer {
-  unsigned status;
-  const char* code;
-};
-
-FailureAnswer answer_for(UpstreamResult::Failure failure) {
-  using Failure = UpstreamResult::Failure;
-  switch (failure) {
-    case Failure::kTimeout:
-      return {504, "upstream-timeout"};
-    case Failure::kCancelled:
-      return {503, "shutting-down"};
-    case Failure::kConnect:
-      return {502, "upstream-unreachable"};
-    case Failure::kTooLarge:
-      return {502, "upstream-too-large"};
-    case Failure::kBadResponse:
-      return {502, "upstream-bad-response"};
-    case Failure::kBroken:
-    case Failure::kNone:
-      break;
-  }
-  return {502, "upstream-broken"};
+ExecutorOptions executor_options(const ProxyOptions& o, ExecutorMetrics& metrics) {
+  ExecutorOptions e;
+  e.lease = o.lease;
+  e.on_event = metrics.hook();
+  // Each route's max_record is checked before complete; the executor takes what SPEC §10
+  // allows.
+  e.max_payload = kMaxPayloadBytes;
+  return e;
 }
 
 // What a store call on the pool produced, handed back to the session's strand.
 struct BeginOutcome {
   std::optional<BeginResult<>> result;
-  // Set instead of result when begin threw: the answer to give.
-  std::optional<Response> error;
-  std::string outcome;
+  // Set instead of result when begin threw: the problem to answer, and what to log.
+  unsigned status = 0;
+  const char* code = nullptr;
+  const char* text = nullptr;
+  std::string detail;
+  // How long the store call took.
+  SteadyClock::duration took{};
 };
+
+std::string shown_address(const tcp::endpoint& e) {
+  const std::string address = e.address().to_string();
+  return (e.address().is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(e.port());
+}
 
 }  // namespace
 
-class Session;
-
-struct Server::Core : std::enable_shared_from_this<Server::Core> {
-  Core(ProxyOptions opts, std::shared_ptr<Store> store, std::function<void(const std::string&)> log)
-      : options(std::move(opts)),
-        log(std::move(log)),
-        ioc(static_cast<int>(std::max(1u, options.io_threads))),
-        work(asio::make_work_guard(ioc)),
-        store_pool(std::max(1u, options.store_threads)),
-        executor(std::move(store), executor_options(options)),
-        acceptor(ioc),
-        signals(ioc),
-        drain_timer(ioc) {}
-
-  static ExecutorOptions executor_options(const ProxyOptions& o) {
-    ExecutorOptions e;
-    e.lease = o.lease;
-    e.ttl = o.ttl;
-    e.max_payload = o.max_record;
-    return e;
-  }
-
-  const ProxyOptions options;
-  const std::function<void(const std::string&)> log;
-  asio::io_context ioc;
-  // Keeps the I/O threads running while store calls are out on the pool; dropped when the
-  // drain ends.
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  asio::thread_pool store_pool;
-  Executor executor;
-  std::optional<UpstreamPool> upstream;
-  tcp::acceptor acceptor;
-  asio::signal_set signals;
-  asio::steady_timer drain_timer;
-
-  std::mutex sessions_mu;
-  std::unordered_map<std::uint64_t, std::weak_ptr<Session>> sessions;
-  std::uint64_t next_session = 0;
-  std::atomic<bool> draining{false};
-  bool drained = false;  // guarded by sessions_mu
-
-  std::uint64_t add_session(const std::shared_ptr<Session>& s);
-  void remove_session(std::uint64_t id);
-  std::vector<std::shared_ptr<Session>> live_sessions();
-
-  void accept();
-  void start_drain(const std::string& why);
-  void abort_all();
-  // Ends run(): no session is left, or the grace after aborting ran out.
-  void finish();
-  std::shared_ptr<Core> shared_self() { return shared_from_this(); }
-};
+Server::Core::Core(ProxyOptions opts, std::shared_ptr<Store> raw_store, Logger log)
+    : options(std::move(opts)),
+      logger(std::move(log)),
+      ioc(static_cast<int>(std::max(1u, options.io_threads))),
+      work(asio::make_work_guard(ioc)),
+      store_pool(std::max(1u, options.store_threads)),
+      store(std::make_shared<TimedStore>(std::move(raw_store), metrics)),
+      executor(store, executor_options(options, executor_metrics)),
+      acceptor(ioc),
+      signals(ioc),
+      drain_timer(ioc),
+      watchdog_timer(ioc) {}
 
 // One client connection. Its steps run one at a time on the connection's strand; store
 // calls go to the store pool and come back to the strand.
-class Session : public std::enable_shared_from_this<Session> {
+//
+// A request with a key is read whole (its body joins the fingerprint) and goes through the
+// executor; any other request streams to the upstream as it arrives. Either way the answer
+// streams back to the client as it arrives; for a keyed request the end of the answer goes
+// out only once it is recorded, so a client that saw the whole answer always finds the
+// record (SPEC §13).
+class Session : public Drainable, public std::enable_shared_from_this<Session> {
  public:
-  Session(std::shared_ptr<Server::Core> core, tcp::socket socket)
-      : core_(std::move(core)), stream_(std::move(socket)), wait_timer_(stream_.get_executor()) {}
+  Session(std::shared_ptr<Core> core, tcp::socket socket)
+      : core_(std::move(core)), stream_(std::move(socket)), wait_timer_(stream_.get_executor()) {
+    beast::error_code ec;
+    tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
+    if (!ec) {
+      client_.address = peer.address().is_v4() || !peer.address().to_v6().is_v4_mapped()
+                            ? peer.address().to_string()
+                            : peer.address().to_v6().to_v4().to_string();
+      client_.port = peer.port();
+    }
+  }
 
-  ~Session() {
-    if (id_ != 0) core_->remove_session(id_);
+  ~Session() override {
+    if (id_ != 0) core_->forget(id_, /*connection=*/true);
   }
 
   void start(std::uint64_t id) {
@@ -187,30 +136,34 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Graceful shutdown: a connection waiting for its next request closes now; one with a
   // request in flight closes after answering it.
-  void drain() {
+  void drain() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
       if (self->idle_) self->close();
     });
   }
 
-  // The drain ran out of time: give up on the request in flight (its record is released
-  // and its client answered 503).
-  void abort() {
+  // The drain ran out of time: give up on the request in flight. A keyed request that may
+  // have reached the upstream keeps its key held (SPEC §13); its client gets 503.
+  void abort() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
       self->aborted_ = true;
       if (self->idle_) return self->close();
-      if (self->upstream_call_) UpstreamPool::cancel(self->upstream_call_);
+      if (self->exchange_) self->exchange_->cancel();
       self->wait_timer_.cancel();
       if (self->writing_) self->close();
     });
   }
 
-  // After the I/O threads stopped with this request still open (the grace after abort()
-  // ran out): releases its record now, so the key is free at once rather than when the
-  // lease runs out. Only called when no other thread runs.
-  void release_unfinished() { handle_.release(); }
+  void abandon_unfinished() noexcept override {
+    if (exchange_) exchange_->abandon_unfinished();
+    // A lease taken but never forwarded: nothing ran.
+    handle_.release();
+  }
 
  private:
+  // The most of a request body read at once.
+  static constexpr std::size_t kPieceBytes = 64 * 1024;
+
   // ---- reading a request ----
 
   void read_request() {
@@ -218,8 +171,14 @@ class Session : public std::enable_shared_from_this<Session> {
     idle_ = buffer_.size() == 0;
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(core_->options.max_request_header));
-    parser_->body_limit(core_->options.max_request_body);
-    stream_.expires_after(idle_ ? core_->options.idle_timeout : core_->options.client_timeout);
+    // A streamed body has no limit; a keyed one gets max_request_body below. (The largest
+    // limit rather than none: Boost 1.74 compares a Content-Length with an unset limit as
+    // larger than it.)
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    // --idle-timeout is for a kept-alive connection between requests; a new connection must
+    // bring its first request within --client-timeout, as a slow client's would.
+    stream_.expires_after(idle_ && served_ > 0 ? core_->options.idle_timeout
+                                               : core_->options.client_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, std::size_t) {
                               self->on_header(ec);
@@ -231,41 +190,132 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec) return on_read_error(ec);
     started_ = SteadyClock::now();
     stream_.expires_after(core_->options.client_timeout);
-    const auto& header = parser_->get();
-    if (beast::iequals(header[http::field::expect], "100-continue") && !parser_->is_done()) {
-      if (auto length = parser_->content_length();
-          length && *length > core_->options.max_request_body) {
-        return refuse_body_too_large();
-      }
-      // The client waits for this before sending the body (RFC 9110 §10.1.1).
-      auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
-                                                                     header.version());
-      return http::async_write(stream_, *cont,
-                               [self = shared_from_this(), cont](beast::error_code ec, std::size_t) {
-                                 if (ec) return self->close();
-                                 self->read_body();
-                               });
+    // The header as it is now is the request's: a chunked body's trailer, which the parser
+    // would merge into it, never counts (a second Host, an Authorization, a key in it).
+    head_ = parser_->get().base();
+    auto id = head_.find(kRequestIdHeader);
+    std::optional<std::string> given =
+        id == head_.end() ? std::nullopt : usable_request_id(id->value());
+    client_.request_id = given ? std::move(*given) : new_request_id();
+    // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host line; two could send a virtual
+    // host's record to another, or confuse the upstream about which host was asked.
+    const std::size_t hosts = head_.count(http::field::host);
+    if (hosts > 1 || (hosts == 0 && head_.version() >= 11)) {
+      outcome_ = "refused";
+      return answer_and_close(refusal(400, "bad-request",
+                                      hosts > 1 ? "the request has more than one Host header"
+                                                : "the request has no Host header"));
     }
-    read_body();
+
+    const std::string_view target = head_.target();
+    policy_ = &policy_for(core_->options, target.substr(0, target.find('?')));
+    const auto& methods = policy_->methods;
+    const bool keyed_method = policy_->protect && std::find(methods.begin(), methods.end(),
+                                                            head_.method_string()) != methods.end();
+    if (!keyed_method) return stream_request();
+    KeyHeader key = read_key(head_, core_->options.key_header, policy_->key_format);
+    switch (key.kind) {
+      case KeyHeader::Kind::kAbsent:
+        if (!policy_->require_key) return stream_request();
+        outcome_ = "refused";
+        return refuse_before_body(refusal(400, "missing-key",
+                                          "this endpoint requires an idempotency key header (" +
+                                              core_->options.key_header + ")"));
+      case KeyHeader::Kind::kMalformed:
+        outcome_ = "refused";
+        return refuse_before_body(refusal(400, "bad-key", key.why));
+      case KeyHeader::Kind::kValid:
+        break;
+    }
+    key_ = std::move(key.key);
+    keyed_ = true;
+    // A keyed request is read whole, within max_request_body: its body joins the fingerprint.
+    if (auto length = parser_->content_length();
+        length && *length > core_->options.max_request_body) {
+      return refuse_body_too_large();
+    }
+    parser_->body_limit(core_->options.max_request_body);
+    continue_then([self = shared_from_this()] { self->read_whole_body(); });
   }
 
-  void read_body() {
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                       if (ec) return self->on_read_error(ec);
-                       self->req_ = self->parser_->release();
-                       self->handle_request();
-                     });
+  // Answers Expect: 100-continue (RFC 9110 §10.1.1), then goes on.
+  template <typename F>
+  void continue_then(F&& next) {
+    if (!beast::iequals(head_[http::field::expect], "100-continue") || parser_->is_done()) {
+      return next();
+    }
+    auto cont = std::make_shared<http::response<http::empty_body>>(http::status::continue_,
+                                                                   head_.version());
+    http::async_write(stream_, *cont,
+                      [self = shared_from_this(), cont, next = std::forward<F>(next)](
+                          beast::error_code ec, std::size_t) mutable {
+                        if (ec) return self->close();
+                        next();
+                      });
+  }
+
+  // Reads some of the request body into in_; `then(size, last)`.
+  template <typename F>
+  void read_body_piece(F&& then) {
+    if (parser_->is_done()) return then(std::size_t{0}, true);
+    if (!in_) in_.reset(new char[kPieceBytes]);
+    auto& body = parser_->get().body();
+    body.data = in_.get();
+    body.size = kPieceBytes;
+    stream_.expires_after(core_->options.client_timeout);
+    http::async_read_some(stream_, buffer_, *parser_,
+                          [self = shared_from_this(), then = std::forward<F>(then)](
+                              beast::error_code ec, std::size_t) mutable {
+                            if (ec == http::error::need_buffer) ec = {};
+                            if (ec) return self->on_read_error(ec);
+                            const std::size_t got = kPieceBytes - self->parser_->get().body().size;
+                            const bool last = self->parser_->is_done();
+                            if (got == 0 && !last) return self->read_body_piece(std::move(then));
+                            then(got, last);
+                          });
+  }
+
+  void read_whole_body() {
+    read_body_piece([self = shared_from_this()](std::size_t got, bool last) {
+      self->body_.append(self->in_.get(), got);
+      if (!last) return self->read_whole_body();
+      self->handle_keyed();
+    });
+  }
+
+  // A refusal decided from the header alone: the body is read and dropped first so the
+  // connection stays usable, unless it is too large (or the client waits for a 100).
+  void refuse_before_body(Response res) {
+    const auto length = parser_->content_length();
+    if (beast::iequals(head_[http::field::expect], "100-continue") ||
+        (length && *length > core_->options.max_request_body)) {
+      return answer_and_close(std::move(res));
+    }
+    parser_->body_limit(core_->options.max_request_body);
+    drop_body(std::make_shared<Response>(std::move(res)));
+  }
+
+  void drop_body(std::shared_ptr<Response> res) {
+    read_body_piece([self = shared_from_this(), res](std::size_t, bool last) {
+      if (!last) return self->drop_body(res);
+      self->answer(std::move(*res));
+    });
   }
 
   void on_read_error(beast::error_code ec) {
+    if (exchange_) {
+      // The client went away (or stalled) while its body streamed to the upstream.
+      outcome_ = "client-gone";
+      log_request(0);
+      exchange_->cancel();
+      exchange_.reset();
+      return close();
+    }
     if (ec == http::error::body_limit) return refuse_body_too_large();
     if (ec == http::error::header_limit) {
       outcome_ = "refused";
-      return answer_and_close(problem(431, "header-too-large",
-                                      "the request's header is larger than the limit of " +
-                                          std::to_string(core_->options.max_request_header) +
-                                          " bytes"));
+      return answer_and_close(refusal(431, "header-too-large",
+                                      "the request's header is larger than this proxy accepts"));
     }
     // A client that went away, an idle connection timing out or shutting down, or a read
     // cut short: nothing to answer.
@@ -275,55 +325,64 @@ class Session : public std::enable_shared_from_this<Session> {
       return close();
     }
     outcome_ = "refused";
-    answer_and_close(problem(400, "bad-request", "the request is not valid HTTP/1.1: " + ec.message()));
+    log_detail("bad request: " + ec.message());
+    answer_and_close(refusal(400, "bad-request", "the request is not valid HTTP/1.1"));
   }
 
   void refuse_body_too_large() {
     outcome_ = "refused";
-    answer_and_close(problem(413, "body-too-large",
-                             "the request body is larger than the limit of " +
-                                 std::to_string(core_->options.max_request_body) + " bytes"));
+    answer_and_close(refusal(413, "body-too-large",
+                             "the request body is larger than this proxy accepts for a request "
+                             "with an idempotency key"));
   }
 
-  // ---- deciding what to do with it ----
+  // ---- a request without a key: streamed both ways ----
 
-  void handle_request() {
-    const auto& methods = core_->options.methods;
-    const bool keyed_method =
-        std::find(methods.begin(), methods.end(), req_.method_string()) != methods.end();
-    if (!keyed_method) return forward(false);
-    KeyHeader key = read_key(req_);
-    switch (key.kind) {
-      case KeyHeader::Kind::kAbsent:
-        if (!core_->options.require_key) return forward(false);
-        outcome_ = "refused";
-        return answer(problem(400, "missing-key",
-                              "this proxy requires an Idempotency-Key header on " +
-                                  std::string(req_.method_string()) + " requests"));
-      case KeyHeader::Kind::kMalformed:
-        outcome_ = "refused";
-        return answer(problem(400, "bad-key", key.why));
-      case KeyHeader::Kind::kValid:
-        break;
+  void stream_request() {
+    keyed_ = false;
+    const bool has_body = !parser_->is_done();
+    const bool repeatable = idempotent_method(head_.method()) && !has_body;
+    exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(),
+                                           upstream_header(head_, client_), repeatable);
+    exchange_->set_label(client_.request_id);
+    forwarded_at_ = SteadyClock::now();
+    if (!has_body) {
+      return exchange_->send(std::string(),
+                             [self = shared_from_this()](Exchange::Status s) { self->on_head(s); });
     }
-    key_ = std::move(key.key);
-    keyed_ = true;
-    scope_ = scope_of(req_, core_->options);
-    fingerprint_ = fingerprint_of(req_, core_->options);
+    continue_then([self = shared_from_this()] {
+      const auto length = self->parser_->content_length();
+      self->exchange_->open(length ? std::optional<std::uint64_t>(*length) : std::nullopt,
+                            [self](Exchange::Status s) {
+                              if (!s.ok()) return self->on_upstream_failed(s);
+                              self->pump();
+                            });
+    });
+  }
+
+  // Passes the next piece of the request body to the upstream.
+  void pump() {
+    read_body_piece([self = shared_from_this()](std::size_t got, bool last) {
+      self->exchange_->send_piece(self->in_.get(), got, last, [self, last](Exchange::Status s) {
+        if (!last || !s.ok()) {
+          if (!s.ok()) return self->on_upstream_failed(s);
+          return self->pump();
+        }
+        self->on_head(s);
+      });
+    });
+  }
+
+  // ---- a request with a key: the executor, on the store pool ----
+
+  void handle_keyed() {
+    scope_ = scope_of(head_, core_->options, *policy_);
+    fingerprint_ = fingerprint_of(head_, body_, core_->options);
     wait_deadline_.reset();
     poll_ = kFirstPoll;
     begin();
   }
 
-  // ---- the executor, on the store pool ----
-
-  // Runs a store call: on the store pool, or inline on this I/O thread when the proxy runs
-  // with --store-threads 0.
-  template <typename F>
-  void on_store(F&& f) {
-    if (core_->options.store_threads == 0) return f();
-    asio::post(core_->store_pool, std::forward<F>(f));
-  }
   // Comes back to the connection's strand after a store call.
   template <typename F>
   void back(F&& f) {
@@ -332,54 +391,88 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void begin() {
-    on_store([self = shared_from_this()] {
+    core_->on_store([self = shared_from_this()] {
       BeginOutcome out;
+      const auto start = SteadyClock::now();
       try {
-        out.result.emplace(self->core_->executor.begin(self->scope_, self->key_,
-                                                       CallOptions{.fingerprint = self->fingerprint_}));
+        out.result.emplace(self->core_->executor.begin(
+            self->scope_, self->key_,
+            CallOptions{.ttl = self->policy_->ttl, .fingerprint = self->fingerprint_}));
       } catch (const KeyReuse&) {
-        out.outcome = "key-reuse";
-        out.error = problem(422, "key-reuse",
-                            "this Idempotency-Key was used before with a different request "
-                            "(method, target or body); use a new key for a new request");
+        out = {std::nullopt,
+               422,
+               "key-reuse",
+               "this idempotency key was used before with a different request (method, target "
+               "or body); use a new key for a new request",
+               {}};
       } catch (const StoreUnavailable& e) {
-        out.outcome = "store-unavailable";
-        out.error = problem(503, "store-unavailable",
-                            std::string("the idempotency store cannot be reached; the request "
-                                        "was not forwarded: ") +
-                                e.what());
-        out.error->set(http::field::retry_after, "1");
-      } catch (const InvalidArgument& e) {
-        out.outcome = "refused";
-        out.error = problem(400, "bad-key", e.what());
+        out = {std::nullopt, 503, "store-unavailable",
+               "the idempotency store cannot be reached; the request was not forwarded", e.what()};
       } catch (const std::exception& e) {
-        out.outcome = "error";
-        out.error = problem(500, "internal-error", e.what());
+        out = {std::nullopt, 500, "internal-error",
+               "the proxy failed to handle this request; it was not forwarded", e.what()};
       }
+      out.took = SteadyClock::now() - start;
       self->back([self, out = std::move(out)]() mutable { self->on_begun(std::move(out)); });
     });
   }
 
   void on_begun(BeginOutcome out) {
-    if (out.error) {
-      outcome_ = out.outcome;
-      return answer(std::move(*out.error));
+    store_time_ += out.took;
+    if (!out.result) {
+      outcome_ = out.code;
+      if (!out.detail.empty()) log_detail(out.detail);
+      Response res = refusal(out.status, out.code, out.text);
+      if (out.status == 503) res.set(http::field::retry_after, "1");
+      return answer(std::move(res));
     }
     BeginResult<>& begun = *out.result;
-    if (Result<std::string>* replay = begun.replay()) {
-      std::string why;
-      std::optional<RecordedResponse> recorded = decode_record(replay->value, &why);
-      if (!recorded) {
-        outcome_ = "foreign-record";
-        return answer(problem(500, "foreign-record", why));
-      }
-      outcome_ = "replayed";
-      return answer(from_record(*recorded, /*replayed=*/true));
-    }
+    if (Result<std::string>* replay = begun.replay()) return on_replay(replay->value);
     if (const Busy* busy = begun.busy()) return on_busy(*busy);
     handle_ = std::move(*begun.handle());
-    if (aborted_) return release_and_answer(shutting_down(), "cancelled");
-    forward(true);
+    if (aborted_) {
+      // Nothing was forwarded: the key goes free.
+      return core_->on_store([self = shared_from_this()] {
+        self->handle_.release();
+        self->back([self] {
+          self->outcome_ = "cancelled";
+          self->answer(self->shutting_down());
+        });
+      });
+    }
+    forward_keyed();
+  }
+
+  void on_replay(const std::string& bytes) {
+    std::string why;
+    std::optional<RecordedResponse> recorded = decode_record(bytes, &why);
+    if (!recorded) {
+      outcome_ = "foreign-record";
+      log_detail("the record under this key cannot be replayed: " + why);
+      return answer(refusal(500, "foreign-record",
+                            "the record under this idempotency key was not written by this "
+                            "proxy; it cannot be replayed"));
+    }
+    if (sets_cookie(*recorded) && !has_credentials(head_, core_->options)) {
+      // SPEC §13: an answer that sets a cookie goes only to a request whose scope holds
+      // credentials; otherwise anyone who sends the key would get the session it sets.
+      outcome_ = "cookie-not-replayed";
+      return answer(refusal(410, "cookie-not-replayed",
+                            "the recorded answer to this idempotency key sets a cookie, and this "
+                            "request carries no credentials the proxy can check, so it is not "
+                            "replayed; do not send the request again"));
+    }
+    if (recorded->body_omitted) {
+      // SPEC §13: the request ran; its answer was too large to keep. Never run it again.
+      outcome_ = "too-large-to-replay";
+      return answer(
+          refusal(410, "too-large-to-replay",
+                  "the request with this idempotency key ran, but its answer was too "
+                  "large to record, so it cannot be replayed; do not send it again",
+                  {{"recorded_status", recorded->status}, {"recorded_size", recorded->body_size}}));
+    }
+    outcome_ = "replayed";
+    answer(from_record(*recorded, /*replayed=*/true));
   }
 
   void on_busy(const Busy& busy) {
@@ -400,142 +493,299 @@ class Session : public std::enable_shared_from_this<Session> {
       });
     }
     outcome_ = "in-progress";
-    Response res = problem(409, "in-progress",
-                           "a request with this Idempotency-Key is in progress; retry after "
-                           "the time in Retry-After");
-    res.set(http::field::retry_after, retry_after(busy.lease_remaining));
+    Response res = refusal(409, "in-progress",
+                           "a request with this idempotency key is in progress; retry after the "
+                           "time in Retry-After");
+    // What the proxy observes, not the lease's time left: a lease outlasts a short request
+    // by far. A key whose lease was abandoned frees up only when the lease runs out.
+    res.set(http::field::retry_after,
+            retry_after(core_->retry_after_for(scope_, key_, busy.lease_remaining)));
     answer(std::move(res));
   }
 
-  // ---- the upstream ----
-
-  void forward(bool keyed) {
-    keyed_ = keyed;
-    Request up = upstream_request(req_);
-    if (keyed) add_fencing(up, handle_.token(), handle_.number(), handle_.stolen());
-    const bool repeatable = !keyed && idempotent_method(req_.method());
-    upstream_call_ = core_->upstream->send(
-        std::move(up), repeatable, [self = shared_from_this()](UpstreamResult result) {
-          asio::post(self->stream_.get_executor(), [self, result = std::move(result)]() mutable {
-            self->on_upstream(std::move(result));
-          });
-        });
+  void forward_keyed() {
+    if (handle_.stolen()) core_->forget_held(scope_, key_);
+    RequestHeader head = upstream_header(head_, client_);
+    add_fencing(head, handle_.token(), handle_.number(), handle_.stolen());
+    exchange_ = std::make_shared<Exchange>(core_, stream_.get_executor(), std::move(head),
+                                           /*repeatable=*/false);
+    exchange_->set_label(client_.request_id);
+    exchange_->hold(std::move(handle_), *policy_);
+    forwarded_at_ = SteadyClock::now();
+    exchange_->send(std::move(body_),
+                    [self = shared_from_this()](Exchange::Status s) { self->on_head(s); });
   }
 
-  void on_upstream(UpstreamResult result) {
-    upstream_call_.reset();
-    if (result.failure != UpstreamResult::Failure::kNone) {
-      const FailureAnswer failure = answer_for(result.failure);
-      outcome_ = failure.code;
-      Response res = result.failure == UpstreamResult::Failure::kCancelled
-                         ? shutting_down()
-                         : problem(failure.status, failure.code, result.detail);
-      // SPEC §13: a timeout or a broken connection releases the record (no failed state).
-      if (keyed_) return release_and_answer(std::move(res), outcome_);
-      return answer(std::move(res));
-    }
-    Response res = std::move(result.response);
-    if (!keyed_) {
-      outcome_ = "passed";
-      return answer(std::move(res));
-    }
-    if (releases(res.result_int(), core_->options)) {
-      return release_and_answer(std::move(res), "released");
-    }
-    RecordedResponse record = to_record(res);
-    if (encoded_size(record) > core_->options.max_record) {
-      // docs/proxy.md: a larger answer is passed through once and the record released.
-      res.set(kNotRecordedHeader, "too-large");
-      return release_and_answer(std::move(res), "too-large");
-    }
-    complete_and_answer(std::move(res), encode_record(record));
+  // ---- the answer, streamed ----
+
+  void on_head(const Exchange::Status& s) {
+    if (!s.ok()) return on_upstream_failed(s);
+    upstream_time_ = SteadyClock::now() - forwarded_at_;
+    out_ = {};
+    out_.base() = exchange_->head();
+    prepare_streamed(out_, head_, core_->draining || aborted_);
+    if (keyed_ && exchange_->too_large()) out_.set(kNotRecordedHeader, "too-large");
+    writer_.reset();
+    header_sent_ = false;
+    relay();
   }
 
-  void complete_and_answer(Response res, std::string bytes) {
-    on_store([self = shared_from_this(), res = std::move(res), bytes = std::move(bytes)]() mutable {
-      std::string not_recorded;
-      try {
-        (void)self->handle_.complete(std::move(bytes));
-      } catch (const PayloadTooLarge&) {
-        not_recorded = "too-large";
-      } catch (const LeaseLost&) {
-        not_recorded = "lease-lost";
-      } catch (const StoreUnavailable&) {
-        not_recorded = "store-unavailable";
-      } catch (const std::exception&) {
-        not_recorded = "error";
+  void relay() {
+    exchange_->read_piece([self = shared_from_this()](Exchange::Status s, std::string_view piece,
+                                                      bool last) {
+      if (!s.ok()) return self->on_upstream_failed(s);
+      if (!last) {
+        return self->write_piece(piece, /*more=*/true, [self] { self->relay(); });
       }
-      if (!not_recorded.empty()) res.set(kNotRecordedHeader, not_recorded);
-      self->back([self, res = std::move(res), not_recorded = std::move(not_recorded)]() mutable {
-        self->outcome_ = not_recorded.empty() ? "recorded" : not_recorded;
-        self->answer(std::move(res));
+      if (!self->keyed_ || !self->exchange_->keyed()) {
+        self->outcome_ = "passed";
+        return self->finish_answer(piece);
+      }
+      // SPEC §13: the end of the answer goes out once it is recorded, so a client that saw it
+      // whole finds the record when it sends the key again.
+      self->exchange_->settle([self, piece](std::string outcome) {
+        self->core_->observe(SteadyClock::now() - self->forwarded_at_);
+        if (!self->header_sent_ && outcome != "recorded" && outcome != "released") {
+          self->out_.set(kNotRecordedHeader, outcome == "store-too-large" ? "too-large" : outcome);
+        }
+        if (outcome != "recorded" && outcome != "released" && outcome != "too-large") {
+          self->log_detail("the answer was not recorded: " + outcome);
+        }
+        self->outcome_ = std::move(outcome);
+        self->finish_answer(piece);
       });
     });
   }
 
-  void release_and_answer(Response res, std::string outcome) {
-    on_store([self = shared_from_this(), res = std::move(res), outcome = std::move(outcome)]() mutable {
-      self->handle_.release();
-      self->back([self, res = std::move(res), outcome = std::move(outcome)]() mutable {
-        self->outcome_ = std::move(outcome);
-        self->answer(std::move(res));
+  void finish_answer(std::string_view piece) {
+    if (out_.result_int() != 0 && !warned_cookie_checked_ && keyed_) warn_about_cookies();
+    if (exchange_) store_time_ += exchange_->store_time();
+    bytes_out_ += piece.size();
+    log_request(out_.result_int());
+    write_piece(piece, /*more=*/false, [self = shared_from_this()] {
+      self->exchange_.reset();
+      self->next_request(self->out_.keep_alive());
+    });
+  }
+
+  void warn_about_cookies() {
+    warned_cookie_checked_ = true;
+    if (out_.count(http::field::set_cookie) != 0 && !has_credentials(head_, core_->options) &&
+        !core_->warned_cookie.exchange(true)) {
+      core_->logger.warn(
+          "the answer sets a cookie, and the request carries no credentials in its scope (no "
+          "Authorization header, no --credential-cookie); its duplicates get 410 "
+          "cookie-not-replayed. Name the session cookie with --credential-cookie",
+          {{"request_id", client_.request_id}});
+    }
+  }
+
+  // Writes a piece of the answer (its header first, the first time); `next` runs once it is
+  // out. A client that went away ends the connection; a keyed answer is then read to its end
+  // alone, so the record is there for the client's retry.
+  template <typename F>
+  void write_piece(std::string_view piece, bool more, F&& next) {
+    auto& body = out_.body();
+    body.data = piece.empty() ? nullptr : const_cast<char*>(piece.data());
+    body.size = piece.size();
+    body.more = more;
+    if (!writer_) writer_.emplace(out_);
+    if (more) bytes_out_ += piece.size();
+    writing_ = true;
+    stream_.expires_after(core_->options.client_timeout);
+    http::async_write(stream_, *writer_,
+                      [self = shared_from_this(), next = std::forward<F>(next)](
+                          beast::error_code ec, std::size_t) mutable {
+                        self->writing_ = false;
+                        self->header_sent_ = true;
+                        if (ec == http::error::need_buffer) ec = {};
+                        if (ec) return self->client_gone();
+                        next();
+                      });
+  }
+
+  void client_gone() {
+    if (!logged_) {
+      outcome_ = "client-gone";
+      log_request(out_.result_int());
+    }
+    if (exchange_) {
+      if (exchange_->keyed() && !exchange_->done()) {
+        exchange_->finish_alone();
+      } else if (!exchange_->done()) {
+        exchange_->cancel();
+      }
+      exchange_.reset();
+    }
+    close();
+  }
+
+  // The problem answer for an upstream exchange that failed (docs/proxy.md, "Every answer").
+  struct Failed {
+    unsigned status;
+    const char* code;
+    const char* text;
+  };
+
+  static Failed failed_answer(Exchange::Failure failure) {
+    using Failure = Exchange::Failure;
+    switch (failure) {
+      case Failure::kTimeout:
+        return {504, "upstream-timeout", "the upstream did not answer in time"};
+      case Failure::kCancelled:
+        return {503, "shutting-down",
+                "the proxy is shutting down and could not finish this request in time"};
+      case Failure::kConnect:
+        return {502, "upstream-unreachable", "the proxy cannot connect to the upstream"};
+      case Failure::kTooLarge:
+        return {502, "upstream-too-large",
+                "the upstream's answer is larger than this proxy passes"};
+      case Failure::kBadResponse:
+        return {502, "upstream-bad-response", "the upstream's answer is not valid HTTP/1.1"};
+      case Failure::kBroken:
+      case Failure::kNone:
+        break;
+    }
+    return {502, "upstream-broken",
+            "the connection to the upstream broke before the whole answer arrived"};
+  }
+
+  void on_upstream_failed(const Exchange::Status& s) {
+    log_detail(s.detail);
+    const bool keyed = keyed_ && exchange_ && exchange_->keyed() && !s.detached;
+    // The record of a keyed request: an answer too large to pass ran, and is recorded as a
+    // marker; any other failure releases only if nothing can have run (Exchange::give_up).
+    auto settle_then = [&](auto next) {
+      if (s.failure == Exchange::Failure::kTooLarge) return exchange_->settle_as_marker(next);
+      exchange_->give_up(s, next);
+    };
+    if (header_sent_) {
+      // Part of the answer is out: all the client can be told is that it was cut off.
+      outcome_ = "cut-off";
+      log_request(out_.result_int());
+      if (!keyed) {
+        exchange_.reset();
+        return close();
+      }
+      return settle_then([self = shared_from_this()](std::string) {
+        self->exchange_.reset();
+        self->close();
       });
+    }
+    const Failed f = failed_answer(s.failure);
+    Response res = refusal(f.status, f.code, f.text);
+    if (!keyed) {
+      // Nothing to settle: the request has no key, or (detached) the exchange reads the late
+      // answer in the background and decides the record alone.
+      outcome_ = s.detached ? "held" : f.code;
+      exchange_.reset();
+      // An upload cut short leaves the client's body half read: the connection closes.
+      const bool mid_body = parser_ && !parser_->is_done();
+      return mid_body ? answer_and_close(std::move(res)) : answer(std::move(res));
+    }
+    settle_then([self = shared_from_this(), res = std::move(res)](std::string outcome) mutable {
+      self->outcome_ = outcome.empty() ? "error" : std::move(outcome);
+      self->answer(std::move(res));
+      self->exchange_.reset();
     });
   }
 
   Response shutting_down() {
-    return problem(503, "shutting-down",
-                   "the proxy is shutting down and could not finish this request in time; "
-                   "nothing was recorded, so a retry runs it again");
+    const Failed f = failed_answer(Exchange::Failure::kCancelled);
+    return refusal(f.status, f.code, f.text);
   }
 
-  // ---- answering ----
+  // ---- the proxy's own answers ----
+
+  // A problem answer naming this request (messages.h: fixed texts only).
+  Response refusal(unsigned status, std::string_view code, std::string_view text,
+                   std::vector<std::pair<std::string_view, std::uint64_t>> extra = {}) {
+    return problem(
+        status, code, text,
+        ProblemContext{client_.request_id, core_->options.problem_type_base, std::move(extra)});
+  }
+
+  void log_detail(const std::string& detail) {
+    if (detail.empty()) return;
+    core_->logger.error(detail, {{"request_id", client_.request_id}});
+  }
 
   void answer(Response res) {
     res_ = std::move(res);
-    prepare_for_client(res_, req_, core_->draining || aborted_);
-    log_request();
-    write();
+    prepare_for_client(res_, head_, core_->draining || aborted_);
+    bytes_out_ = res_.body().size();
+    if (exchange_) store_time_ += exchange_->store_time();
+    log_request(res_.result_int());
+    write_own();
   }
 
   // For errors found before a whole request was read: the connection cannot be trusted to
   // be at a message boundary, so it closes after the answer.
   void answer_and_close(Response res) {
     if (parser_ && parser_->is_header_done()) {
-      req_.base() = parser_->get().base();
+      head_ = parser_->get().base();
     } else {
-      req_.version(11);
+      head_ = {};
+      head_.version(11);
     }
     res_ = std::move(res);
-    prepare_for_client(res_, req_, true);
-    log_request();
-    write();
+    prepare_for_client(res_, head_, true);
+    bytes_out_ = res_.body().size();
+    log_request(res_.result_int());
+    write_own();
   }
 
-  void write() {
+  void write_own() {
     writing_ = true;
     stream_.expires_after(core_->options.client_timeout);
     http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
       self->writing_ = false;
-      if (ec || !self->res_.keep_alive()) return self->close();
-      self->req_ = {};
-      self->res_ = {};
-      self->keyed_ = false;
-      self->outcome_.clear();
-      self->read_request();
+      if (ec) return self->close();
+      self->next_request(self->res_.keep_alive());
     });
   }
 
-  void log_request() {
+  void next_request(bool keep_alive) {
+    if (!keep_alive) return close();
+    ++served_;
+    res_ = {};
+    out_ = {};
+    writer_.reset();
+    body_.clear();
+    keyed_ = false;
+    key_.clear();
+    outcome_.clear();
+    header_sent_ = false;
+    warned_cookie_checked_ = false;
+    logged_ = false;
+    store_time_ = {};
+    upstream_time_.reset();
+    bytes_out_ = 0;
+    read_request();
+  }
+
+  // The request is answered (or ended): counted, and one line in the access log.
+  void log_request(unsigned status) {
+    if (logged_) return;
+    logged_ = true;
+    const std::string outcome = outcome_.empty() ? "answered" : outcome_;
+    core_->metrics.count(outcome);
     if (!core_->options.access_log) return;
-    auto ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started_).count();
-    std::string line = std::string(req_.method_string()) + " " + printable(req_.target()) + " " +
-                       std::to_string(res_.result_int()) + " " +
-                       (outcome_.empty() ? "answered" : outcome_);
-    if (!key_.empty() && keyed_) line += " key=\"" + printable(key_) + "\"";
-    char took[32];
-    std::snprintf(took, sizeof took, " %.2f ms", ms);
-    core_->log(line + took);
+    auto ms = [](SteadyClock::duration d) {
+      return millis(std::chrono::duration<double, std::milli>(d).count());
+    };
+    std::vector<Field> fields = {{"request_id", client_.request_id},
+                                 {"client", client_.address + ":" + std::to_string(client_.port)},
+                                 {"method", std::string(head_.method_string())},
+                                 {"target", std::string(head_.target())},
+                                 {"status", std::to_string(status), true},
+                                 {"outcome", outcome}};
+    if (keyed_ && !key_.empty()) fields.push_back({"key", key_});
+    if (upstream_time_) fields.push_back({"upstream_ms", ms(*upstream_time_), true});
+    if (keyed_) fields.push_back({"store_ms", ms(store_time_), true});
+    fields.push_back({"total_ms", ms(SteadyClock::now() - started_), true});
+    fields.push_back({"bytes", std::to_string(bytes_out_), true});
+    core_->logger.info("request", fields);
   }
 
   void close() {
@@ -544,27 +794,42 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().close(ignored);
   }
 
-  std::shared_ptr<Server::Core> core_;
+  std::shared_ptr<Core> core_;
   std::uint64_t id_ = 0;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
-  Request req_;
+  std::optional<http::request_parser<http::buffer_body>> parser_;
+  RequestHeader head_;
+  std::string body_;
+  std::unique_ptr<char[]> in_;
   Response res_;
+  StreamedResponse out_;
+  std::optional<http::response_serializer<http::buffer_body>> writer_;
   asio::steady_timer wait_timer_;
+  ClientInfo client_;
 
   // The request in flight.
   SteadyClock::time_point started_{};
+  const Policy* policy_ = nullptr;
   std::string key_;
   std::string scope_;
   std::string fingerprint_;
   bool keyed_ = false;
   AttemptHandle<> handle_;
-  std::shared_ptr<UpstreamCall> upstream_call_;
+  std::shared_ptr<Exchange> exchange_;
+  SteadyClock::time_point forwarded_at_{};
   std::optional<SteadyClock::time_point> wait_deadline_;
   Duration poll_ = kFirstPoll;
   std::string outcome_;
+  bool header_sent_ = false;
+  bool warned_cookie_checked_ = false;
+  bool logged_ = false;
+  SteadyClock::duration store_time_{};
+  std::optional<SteadyClock::duration> upstream_time_;
+  std::uint64_t bytes_out_ = 0;
 
+  // Requests answered on this connection.
+  std::uint64_t served_ = 0;
   // Waiting for the next request with nothing read yet (a drain may close it).
   bool idle_ = false;
   bool writing_ = false;
@@ -592,29 +857,84 @@ void refuse_connection(tcp::socket socket) {
 
 }  // namespace
 
-std::uint64_t Server::Core::add_session(const std::shared_ptr<Session>& s) {
-  std::lock_guard<std::mutex> lock(sessions_mu);
-  std::uint64_t id = ++next_session;
-  sessions.emplace(id, s);
+namespace {
+
+// Keys abandoned recently, at most: beyond it a 409 for such a key says only what a request
+// usually takes (the duplicate then simply asks again sooner).
+constexpr std::size_t kMaxHeldKeys = 100'000;
+
+std::string held_id(std::string_view scope, std::string_view key) {
+  std::string id(scope);
+  id += '\0';
+  id += key;
   return id;
 }
 
-void Server::Core::remove_session(std::uint64_t id) {
-  bool last = false;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu);
-    sessions.erase(id);
-    last = sessions.empty() && draining && !drained;
-    if (last) drained = true;
-  }
-  if (last) asio::post(ioc, [this] { finish(); });
+}  // namespace
+
+void Server::Core::observe(SteadyClock::duration took) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(took).count();
+  // An exponentially weighted average (1/8 per sample); a lost update under a race only
+  // skips a sample.
+  const std::int64_t old = typical_us.load(std::memory_order_relaxed);
+  typical_us.store(old == 0 ? us : old + (us - old) / 8, std::memory_order_relaxed);
 }
 
-std::vector<std::shared_ptr<Session>> Server::Core::live_sessions() {
-  std::vector<std::shared_ptr<Session>> out;
-  std::lock_guard<std::mutex> lock(sessions_mu);
-  for (auto& [id, weak] : sessions) {
-    if (auto s = weak.lock()) out.push_back(std::move(s));
+void Server::Core::note_held(std::string_view scope, std::string_view key) {
+  const auto now = SteadyClock::now();
+  std::lock_guard<std::mutex> lock(held_mu);
+  if (held.size() >= kMaxHeldKeys) {
+    std::erase_if(held, [now](const auto& entry) { return entry.second <= now; });
+    if (held.size() >= kMaxHeldKeys) return;
+  }
+  held[held_id(scope, key)] = now + options.lease;
+}
+
+void Server::Core::forget_held(std::string_view scope, std::string_view key) {
+  std::lock_guard<std::mutex> lock(held_mu);
+  if (!held.empty()) held.erase(held_id(scope, key));
+}
+
+Duration Server::Core::retry_after_for(std::string_view scope, std::string_view key,
+                                       Duration lease_remaining) {
+  {
+    std::lock_guard<std::mutex> lock(held_mu);
+    auto it = held.find(held_id(scope, key));
+    if (it != held.end()) {
+      if (it->second > SteadyClock::now()) return lease_remaining;  // it frees up then
+      held.erase(it);
+    }
+  }
+  const auto typical = std::chrono::ceil<Duration>(
+      std::chrono::microseconds(typical_us.load(std::memory_order_relaxed)));
+  return std::clamp(typical, Duration{1000}, std::max(lease_remaining, Duration{1000}));
+}
+
+std::uint64_t Server::Core::remember(const std::shared_ptr<Drainable>& d, bool connection) {
+  std::lock_guard<std::mutex> lock(live_mu);
+  std::uint64_t id = ++next_live;
+  live.emplace(id, d);
+  if (connection) ++connections;
+  return id;
+}
+
+void Server::Core::forget(std::uint64_t id, bool connection) {
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(live_mu);
+    live.erase(id);
+    if (connection) --connections;
+    last = live.empty() && draining && !drained;
+    if (last) drained = true;
+  }
+  if (last) asio::post(ioc, [self = shared_self()] { self->finish(); });
+}
+
+std::vector<std::shared_ptr<Drainable>> Server::Core::live_now() {
+  std::vector<std::shared_ptr<Drainable>> out;
+  std::lock_guard<std::mutex> lock(live_mu);
+  for (auto& [id, weak] : live) {
+    if (auto d = weak.lock()) out.push_back(std::move(d));
   }
   return out;
 }
@@ -625,14 +945,14 @@ void Server::Core::accept() {
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
       // Out of descriptors or similar: say so, and try again shortly rather than spin.
-      log("accept failed: " + ec.message());
+      logger.error("accept failed: " + ec.message());
       auto timer = std::make_shared<asio::steady_timer>(ioc, std::chrono::milliseconds(50));
       return timer->async_wait([this, timer](beast::error_code) { accept(); });
     }
     std::size_t open = 0;
     {
-      std::lock_guard<std::mutex> lock(sessions_mu);
-      open = sessions.size();
+      std::lock_guard<std::mutex> lock(live_mu);
+      open = connections;
     }
     if (open >= options.max_connections) {
       refuse_connection(std::move(socket));
@@ -641,24 +961,34 @@ void Server::Core::accept() {
       socket.set_option(tcp::no_delay(true), ignored);
       // The session's owner is this very Core (shared), kept alive by every session.
       auto session = std::make_shared<Session>(shared_self(), std::move(socket));
-      session->start(add_session(session));
+      session->start(remember(session, /*connection=*/true));
     }
     accept();
   });
 }
 
+void Server::Core::watchdog(std::chrono::microseconds interval) {
+  notify::watchdog();
+  watchdog_timer.expires_after(interval);
+  watchdog_timer.async_wait([this, interval](beast::error_code ec) {
+    if (!ec) watchdog(interval);
+  });
+}
+
 void Server::Core::start_drain(const std::string& why) {
   if (draining.exchange(true)) return;
+  notify::stopping(why + ": draining");
   beast::error_code ignored;
   acceptor.close(ignored);
   signals.cancel(ignored);
-  std::vector<std::shared_ptr<Session>> live = live_sessions();
-  log(why + ": stopped accepting; finishing " + std::to_string(live.size()) +
-      " connection(s) (at most " + std::to_string(options.drain_timeout.count()) + " ms)");
-  for (auto& s : live) s->drain();
+  std::vector<std::shared_ptr<Drainable>> now = live_now();
+  logger.info(why + ": stopped accepting; finishing " + std::to_string(now.size()) +
+              " connection(s) and late answer(s) (at most " +
+              std::to_string(options.drain_timeout.count()) + " ms)");
+  for (auto& d : now) d->drain();
   {
-    std::lock_guard<std::mutex> lock(sessions_mu);
-    if (sessions.empty() && !drained) {
+    std::lock_guard<std::mutex> lock(live_mu);
+    if (live.empty() && !drained) {
       drained = true;
       asio::post(ioc, [this] { finish(); });
       return;
@@ -672,26 +1002,28 @@ void Server::Core::start_drain(const std::string& why) {
 }
 
 void Server::Core::abort_all() {
-  std::vector<std::shared_ptr<Session>> live = live_sessions();
-  log("drain timeout: cancelling " + std::to_string(live.size()) +
-      " request(s); their records are released");
-  for (auto& s : live) s->abort();
+  std::vector<std::shared_ptr<Drainable>> now = live_now();
+  logger.warn("drain timeout: cancelling " + std::to_string(now.size()) +
+              " request(s); keys whose request may have reached the upstream stay held until their "
+              "leases run out");
+  for (auto& d : now) d->abort();
   drain_timer.expires_after(kAbortGrace);
   drain_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
-    log("requests still open after the grace period; stopping");
+    logger.warn("requests still open after the grace period; stopping");
     ioc.stop();
   });
 }
 
 void Server::Core::finish() {
   drain_timer.cancel();
+  watchdog_timer.cancel();
   if (upstream) upstream->close_idle();
+  if (admin) admin->close();
   work.reset();
 }
 
-Server::Server(ProxyOptions options, std::shared_ptr<Store> store,
-               std::function<void(const std::string&)> log)
+Server::Server(ProxyOptions options, std::shared_ptr<Store> store, Logger log)
     : core_(std::make_shared<Core>(std::move(options), std::move(store), std::move(log))) {}
 
 Server::~Server() = default;
@@ -707,7 +1039,7 @@ void Server::run() {
     throw std::invalid_argument("cannot resolve the upstream host \"" + o.upstream_host +
                                 "\": " + ec.message());
   }
-  core.upstream.emplace(core.ioc, std::move(endpoints), o);
+  core.upstream.emplace(core.ioc, std::move(endpoints), core.options);
 
   auto address = asio::ip::make_address(o.listen_address, ec);
   if (ec) throw std::invalid_argument("\"" + o.listen_address + "\" is not an IP address");
@@ -726,12 +1058,36 @@ void Server::run() {
   fail("bind");
   core.acceptor.listen(asio::socket_base::max_listen_connections, ec);
   fail("listen");
-  tcp::endpoint bound = core.acceptor.local_endpoint();
-  std::string shown = bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
-                                              : bound.address().to_string();
-  core.log("listening on " + shown + ":" + std::to_string(bound.port()) + ", forwarding to http://" +
-           o.upstream_host + ":" + std::to_string(o.upstream_port) + ", store " +
-           core.executor.store().describe());
+  core.logger.info("listening on " + shown_address(core.acceptor.local_endpoint()) +
+                   ", forwarding to http://" + o.upstream_host + ":" +
+                   std::to_string(o.upstream_port) + ", store " + core.executor.store().describe());
+  if (!o.admin_address.empty()) {
+    core.admin = std::make_shared<Admin>(core_);
+    tcp::endpoint admin = core.admin->listen(o.admin_address, o.admin_port);
+    core.logger.info("admin listening on " + shown_address(admin) + " (/livez, /readyz, /metrics)");
+    core.admin->accept();
+  }
+  if (o.purge) {
+    // SPEC §8: expired records go in bounded batches, off the request path.
+    core.purger.emplace(
+        core.store,
+        PurgerOptions{.interval = o.purge_interval, .on_error = [&core](const std::exception& e) {
+                        core.logger.error("purging expired records failed", {{"error", e.what()}});
+                      }});
+    core.logger.info("purging expired records every " +
+                     std::to_string(o.purge_interval.count() / 1000) + " s");
+  }
+
+  // systemd (Type=notify): ready now that both listeners are up.
+  if (notify::requested()) {
+    if (!notify::supported()) {
+      core.logger.warn(
+          "NOTIFY_SOCKET is set, but this build of idem cannot notify systemd (built without "
+          "libsystemd): use Type=exec in the unit, or a build with IDEM_WITH_SYSTEMD=ON");
+    }
+    notify::ready("listening on " + shown_address(core.acceptor.local_endpoint()));
+    if (auto interval = notify::watchdog_interval()) core.watchdog(*interval);
+  }
 
   core.signals.add(SIGTERM);
   core.signals.add(SIGINT);
@@ -748,11 +1104,13 @@ void Server::run() {
   core.ioc.run();
   for (auto& t : threads) t.join();
   // Store calls still out (bounded by the store's own timeouts) finish before the executor
-  // goes; handles of requests that never finished release their records as they are
-  // destroyed with the handlers that hold them.
+  // goes. Then whatever is still open ends its lease without a store call: a request that
+  // may have reached the upstream leaves its key held (SPEC §13), one that never did
+  // releases it.
   core.store_pool.join();
-  for (auto& s : core.live_sessions()) s->release_unfinished();
-  core.log("stopped");
+  for (auto& d : core.live_now()) d->abandon_unfinished();
+  core.purger.reset();
+  core.logger.info("stopped");
 }
 
 }  // namespace idem::proxy

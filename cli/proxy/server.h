@@ -14,15 +14,15 @@
 #include <string>
 
 #include "idem/store.h"
+#include "log.h"
 #include "options.h"
 
 namespace idem::proxy {
 
 class Server {
  public:
-  // `log` receives one line at a time (no newline), from any thread.
-  Server(ProxyOptions options, std::shared_ptr<Store> store,
-         std::function<void(const std::string&)> log);
+  // `log` writes the error log and, with options.access_log, the access log.
+  Server(ProxyOptions options, std::shared_ptr<Store> store, Logger log);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

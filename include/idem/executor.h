@@ -55,6 +55,7 @@ enum class EventKind {
   kStolen,          // a lease was acquired by taking over an abandoned one
   kLeaseLost,       // a lease was lost: fenced by the store, or unextended past its deadline
   kHeartbeatError,  // an extend failed with an error (error is set); the lease is kept
+  kAbandoned,       // a lease was left to run out unreleased: AttemptHandle::abandon()
 };
 
 const char* to_string(EventKind kind);
@@ -275,6 +276,16 @@ class AttemptCore {
   // the store cannot be reached the lease simply expires and the next caller steals it.
   // Does nothing on a handle that has already ended.
   void release() noexcept;
+
+  // Gives the handle up without releasing the record: stops the heartbeat for this lease
+  // and makes no store call, so the record stays IN_PROGRESS until its lease runs out
+  // (SPEC §7); meanwhile callers get busy, and afterwards the next caller takes the key over
+  // (attempt + 1, stolen: SPEC §4). For an outcome the caller cannot know: the action may
+  // have run, or may still be running elsewhere (a request sent to a service that never
+  // answered), so releasing would let a retry run it a second time while the first may
+  // still be at work. Duplicates waiting in memory on this handle go back to the store.
+  // Never throws; does nothing on a handle that has already ended.
+  void abandon() noexcept;
 
  protected:
   AttemptCore(std::shared_ptr<InFlight> state, std::shared_ptr<ExecutorImpl> keep_alive) noexcept;

@@ -45,13 +45,13 @@ class ExecutorMetrics {
   // Every counter in the Prometheus text exposition format (version 0.0.4), metric names
   // starting with `prefix` (letters, digits and underscores):
   //   idem_calls_total{outcome="ran|replayed|followed|in_progress"}
-  //   idem_leases_total{event="stolen|released|lost"}
+  //   idem_leases_total{event="stolen|released|lost|abandoned"}
   //   idem_heartbeat_errors_total
   //   idem_action_seconds_sum, idem_action_seconds_count
   std::string prometheus(std::string_view prefix = "idem") const;
 
  private:
-  static constexpr std::size_t kKinds = static_cast<std::size_t>(EventKind::kHeartbeatError) + 1;
+  static constexpr std::size_t kKinds = static_cast<std::size_t>(EventKind::kAbandoned) + 1;
   std::array<std::atomic<std::uint64_t>, kKinds> counts_{};
   std::atomic<std::uint64_t> ran_micros_{0};
 };

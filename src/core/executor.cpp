@@ -459,6 +459,16 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     finish(owner, OwnerState::kGone, nullptr);
   }
 
+  // Ends an owner without a store call (AttemptHandle::abandon): the lease runs out on its
+  // own and the next caller steals it (SPEC §4, §7).
+  void abandon(InFlight& owner) noexcept {
+    Uncount uncount{owner.counted};
+    // False when shutdown released the lease already.
+    if (!heartbeat_.remove(owner)) return;
+    if (events_) emit_for(EventKind::kAbandoned, owner, owner.started);
+    finish(owner, OwnerState::kGone, nullptr);
+  }
+
   void shutdown(Duration timeout) noexcept {
     std::lock_guard serial(shutdown_mu_);
     if (shut_down_) return;
@@ -912,6 +922,12 @@ void AttemptCore::release() noexcept {
   state_->exec->release(*state_);
 }
 
+void AttemptCore::abandon() noexcept {
+  if (state_ == nullptr || ended_) return;
+  ended_ = true;
+  state_->exec->abandon(*state_);
+}
+
 Result<std::string> AttemptCore::complete_bytes(std::string bytes) {
   (void)attempt();  // throws on an empty handle
   if (ended_) throw std::logic_error("idem::AttemptHandle: the handle has already ended");
@@ -961,6 +977,8 @@ const char* to_string(EventKind kind) {
       return "lease_lost";
     case EventKind::kHeartbeatError:
       return "heartbeat_error";
+    case EventKind::kAbandoned:
+      return "abandoned";
   }
   return "unknown";
 }

@@ -55,13 +55,16 @@ std::string ExecutorMetrics::prometheus(std::string_view prefix) const {
   line(p + "_calls_total", "{outcome=\"replayed\"}", count(EventKind::kReplayed));
   line(p + "_calls_total", "{outcome=\"followed\"}", count(EventKind::kFollowed));
   line(p + "_calls_total", "{outcome=\"in_progress\"}", count(EventKind::kInProgress));
-  out += "# HELP " + p +
-         "_leases_total Lease events: stolen (an abandoned lease taken over), released (given "
-         "up without a result), lost (fenced, or not extended before its deadline).\n";
+  out +=
+      "# HELP " + p +
+      "_leases_total Lease events: stolen (an abandoned lease taken over), released (given "
+      "up without a result), lost (fenced, or not extended before its deadline), abandoned (left "
+      "to run out unreleased after an outcome the caller could not know).\n";
   out += "# TYPE " + p + "_leases_total counter\n";
   line(p + "_leases_total", "{event=\"stolen\"}", count(EventKind::kStolen));
   line(p + "_leases_total", "{event=\"released\"}", count(EventKind::kReleased));
   line(p + "_leases_total", "{event=\"lost\"}", count(EventKind::kLeaseLost));
+  line(p + "_leases_total", "{event=\"abandoned\"}", count(EventKind::kAbandoned));
   out += "# HELP " + p + "_heartbeat_errors_total Extends that failed with a store error.\n";
   out += "# TYPE " + p + "_heartbeat_errors_total counter\n";
   line(p + "_heartbeat_errors_total", "", count(EventKind::kHeartbeatError));

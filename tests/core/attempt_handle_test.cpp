@@ -234,6 +234,68 @@ TEST_F(AttemptHandleTest, ReleaseWithTheStoreDownLeavesTheLeaseToExpire) {
   EXPECT_EQ(next.number(), 2u);
 }
 
+TEST_F(AttemptHandleTest, AbandonLeavesTheKeyHeldUntilTheLeaseRunsOutThenItIsTakenOver) {
+  std::atomic<int> abandoned{0};
+  Executor exec(store_, ExecutorOptions{.lease = 10s, .on_event = [&](const idem::Event& e) {
+                                          if (e.kind == idem::EventKind::kAbandoned) ++abandoned;
+                                        }});
+  AttemptHandle handle = acquire(exec, "s", "k");
+  handle.abandon();
+  EXPECT_FALSE(handle.active());
+  EXPECT_EQ(abandoned.load(), 1);
+  // No store call, and no heartbeat: the record stays as the lease left it.
+  EXPECT_EQ(store_->calls(Op::kRelease), 0u);
+  EXPECT_EQ(exec.active_leases(), 0u);
+  EXPECT_THAT(memory_->get("s", "k"), IsInProgressWith(handle.token()));
+  // Until the lease runs out the key is busy, also for a caller in this process.
+  auto meanwhile = exec.begin("s", "k");
+  ASSERT_EQ(meanwhile.kind(), BeginKind::kBusy);
+  EXPECT_EQ(meanwhile.busy()->lease_remaining, 10s);
+  clock_->advance(10s);
+  AttemptHandle next = acquire(exec, "s", "k");
+  EXPECT_TRUE(next.stolen());
+  EXPECT_EQ(next.number(), 2u);
+  EXPECT_GT(next.token(), handle.token());
+  (void)next.complete("v");
+}
+
+TEST_F(AttemptHandleTest, AbandonEndsTheHandleOnceAndNothingEndsItAgain) {
+  Executor exec(store_);
+  AttemptHandle handle = acquire(exec, "s", "k");
+  handle.abandon();
+  handle.abandon();
+  handle.release();
+  EXPECT_THROW((void)handle.complete("too late"), std::logic_error);
+  EXPECT_EQ(store_->calls(Op::kRelease), 0u);
+  EXPECT_EQ(store_->calls(Op::kComplete), 0u);
+  EXPECT_THAT(memory_->get("s", "k"), IsInProgressWith(handle.token()));
+  // And an ended handle ignores abandon: the completed record stays.
+  AttemptHandle other = acquire(exec, "s", "other");
+  (void)other.complete("v");
+  other.abandon();
+  EXPECT_THAT(memory_->get("s", "other"), IsCompleteWith(other.token()));
+}
+
+TEST_F(AttemptHandleTest, DuplicateWaitingOnAnAbandonedHandleTakesTheKeyOverWhenTheLeaseRunsOut) {
+  Executor exec(store_, ExecutorOptions{.lease = 10s});
+  AttemptHandle handle = acquire(exec, "s", "k");
+  auto duplicate = std::async(std::launch::async, [&] {
+    auto begun = exec.begin("s", "k", CallOptions{.wait = kWaitLong});
+    return begun.handle() ? std::move(*begun.handle()) : AttemptHandle<>();
+  });
+  ASSERT_TRUE(eventually([&] { return exec.waiting_duplicates() == 1; }));
+  const auto acquires = store_->calls(Op::kAcquire);
+  handle.abandon();
+  // Back to the store, which answers busy: the abandoned lease still holds the key.
+  ASSERT_TRUE(eventually([&] { return store_->calls(Op::kAcquire) > acquires + 1; }));
+  EXPECT_THAT(memory_->get("s", "k"), IsInProgressWith(handle.token()));
+  clock_->advance(10s);
+  AttemptHandle next = duplicate.get();
+  ASSERT_TRUE(next.active());
+  EXPECT_TRUE(next.stolen());
+  EXPECT_EQ(next.number(), 2u);
+}
+
 TEST_F(AttemptHandleTest, MovedFromAndDefaultHandlesAreEmpty) {
   Executor exec(store_);
   AttemptHandle<> empty;

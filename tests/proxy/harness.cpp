@@ -1,17 +1,22 @@
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -81,11 +86,25 @@ ScratchDir::~ScratchDir() {
 
 // ---- Child ----
 
-Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err) {
+Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs::path& err,
+             const std::vector<std::string>& env) {
   std::vector<std::string> args = argv;
   std::vector<char*> c_args;
   for (auto& a : args) c_args.push_back(a.data());
   c_args.push_back(nullptr);
+  std::vector<std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var = *e;
+    const std::string name = var.substr(0, var.find('='));
+    bool replaced = false;
+    for (const std::string& extra : env)
+      replaced = replaced || extra.substr(0, extra.find('=')) == name;
+    if (!replaced) vars.push_back(var);
+  }
+  vars.insert(vars.end(), env.begin(), env.end());
+  std::vector<char*> c_env;
+  for (auto& v : vars) c_env.push_back(v.data());
+  c_env.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -94,7 +113,7 @@ Child::Child(const std::vector<std::string>& argv, const fs::path& out, const fs
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   idem::testing::ShellSpawnAttributes attr;
-  int rc = ::posix_spawn(&pid_, c_args[0], &actions, attr.get(), c_args.data(), environ);
+  int rc = ::posix_spawn(&pid_, c_args[0], &actions, attr.get(), c_args.data(), c_env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw std::runtime_error("posix_spawn " + argv[0] + ": " + std::strerror(rc));
 }
@@ -173,6 +192,8 @@ void Upstream::open_gate(const std::string& name) const {
   if (r.status != 200) throw std::runtime_error("could not open gate " + name + ": " + r.error);
 }
 
+std::string Upstream::announced() const { return read_file(dir_ / "upstream.log.announce"); }
+
 void Upstream::kill() {
   child_->signal(SIGKILL);
   (void)child_->wait();
@@ -187,18 +208,43 @@ void Upstream::restart() {
 
 ProxyProcess::ProxyProcess(const fs::path& dir, const std::string& name,
                            const std::string& upstream_url, const std::string& store_url,
-                           const std::vector<std::string>& options)
+                           const std::vector<std::string>& options,
+                           const std::vector<std::string>& wrapper)
     : err_(dir / (name + ".err")) {
-  std::vector<std::string> argv = {IDEM_BINARY, "proxy", "--listen", "127.0.0.1:0", "--upstream",
-                                   upstream_url, "--store", store_url, "--access-log"};
+  std::vector<std::string> argv = wrapper;
+  argv.insert(argv.end(), {IDEM_BINARY, "proxy", "--listen", "127.0.0.1:0", "--upstream",
+                           upstream_url, "--store", store_url, "--access-log"});
   argv.insert(argv.end(), options.begin(), options.end());
   child_ = std::make_unique<Child>(argv, dir / (name + ".out"), err_);
+  wait_until_listening();
+}
+
+ProxyProcess::ProxyProcess(Exactly, const fs::path& dir, const std::string& name,
+                           const std::vector<std::string>& args,
+                           const std::vector<std::string>& env)
+    : err_(dir / (name + ".err")) {
+  std::vector<std::string> argv = {IDEM_BINARY, "proxy"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  child_ = std::make_unique<Child>(argv, dir / (name + ".out"), err_, env);
+  wait_until_listening();
+}
+
+void ProxyProcess::wait_until_listening() {
   const std::string marker = "listening on 127.0.0.1:";
   if (!eventually([&] { return logged(marker) || !child_->running(); }) || !logged(marker)) {
     throw std::runtime_error("idem proxy did not start: " + log());
   }
   std::string text = log();
   port_ = static_cast<std::uint16_t>(std::stoi(text.substr(text.find(marker) + marker.size())));
+}
+
+std::uint16_t ProxyProcess::admin_port() const {
+  const std::string marker = "admin listening on 127.0.0.1:";
+  // Logged just after the proxied port's line.
+  if (!eventually([&] { return logged(marker); }))
+    throw std::runtime_error("no admin listener: " + log());
+  std::string text = log();
+  return static_cast<std::uint16_t>(std::stoi(text.substr(text.find(marker) + marker.size())));
 }
 
 bool ProxyProcess::logged(const std::string& text) const {
@@ -243,8 +289,12 @@ Reply Client::send(const std::string& method, const std::string& target, const H
   req.method_string(method);
   req.target(target);
   req.version(11);
-  req.set(http::field::host, "127.0.0.1");
-  for (const auto& [name, value] : headers) req.insert(name, value);
+  bool host = false;
+  for (const auto& [name, value] : headers) {
+    req.insert(name, value);
+    host = host || iequal(name, "Host");
+  }
+  if (!host) req.set(http::field::host, "127.0.0.1");
   req.body() = body;
   if (!body.empty() || method == "POST" || method == "PUT" || method == "PATCH") {
     req.prepare_payload();
@@ -283,6 +333,85 @@ Reply request(std::uint16_t port, const std::string& method, const std::string& 
     r.error = e.what();
     return r;
   }
+}
+
+Reply raw_request(std::uint16_t port, const std::string& bytes) {
+  Reply reply;
+  try {
+    asio::io_context ioc;
+    beast::tcp_stream stream(ioc);
+    stream.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    stream.expires_after(std::chrono::seconds(60));
+    asio::write(stream, asio::buffer(bytes));
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(512 * 1024 * 1024);
+    http::read(stream, buffer, parser);
+    http::response<http::string_body> res = parser.release();
+    return to_reply(res);
+  } catch (const std::exception& e) {
+    reply.error = e.what();
+    return reply;
+  }
+}
+
+std::string idle_connection_ends(std::uint16_t port, std::chrono::seconds bound) {
+  asio::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  // poll(2) rather than a timed read: Asio's blocking reads take no timeout.
+  pollfd p{socket.native_handle(), POLLIN, 0};
+  const int ready = ::poll(&p, 1, static_cast<int>(bound.count() * 1000));
+  if (ready == 0) return "still open after " + std::to_string(bound.count()) + " s";
+  char byte = 0;
+  const ssize_t n = ::recv(socket.native_handle(), &byte, 1, 0);
+  return n == 0 ? "end of file" : n < 0 ? std::string(std::strerror(errno)) : "a byte arrived";
+}
+
+RawConnection::RawConnection(std::uint16_t port) {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd_ < 0 || ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    throw std::runtime_error(std::string("connect: ") + std::strerror(errno));
+  }
+}
+
+RawConnection::~RawConnection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RawConnection::send(const std::string& bytes) {
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) throw std::runtime_error(std::string("send: ") + std::strerror(errno));
+    sent += static_cast<std::size_t>(n);
+  }
+}
+
+bool RawConnection::read_until(const std::string& text, std::chrono::milliseconds bound) {
+  const auto give_up = std::chrono::steady_clock::now() + bound;
+  while (received_.find(text) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        give_up - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+    if (n <= 0) return received_.find(text) != std::string::npos;
+    received_.append(chunk, static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+std::uint16_t free_port() {
+  asio::io_context ioc;
+  tcp::acceptor acceptor(ioc, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  return acceptor.local_endpoint().port();
 }
 
 bool refuses_connections(std::uint16_t port) {

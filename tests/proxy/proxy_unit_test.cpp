@@ -66,6 +66,19 @@ TEST(ReadKey, LengthLimitIsSpecTenLimit) {
   EXPECT_THAT(k.why, HasSubstr("1025 bytes"));
 }
 
+TEST(ReadKey, AnotherHeaderNameAndTheUuidFormat) {
+  Request r = post("/pay");
+  r.set("PayPal-Request-Id", "8E03978E-40d5-43e8-bc93-6894a57f9324");
+  EXPECT_EQ(read_key(r).kind, KeyHeader::Kind::kAbsent);
+  KeyHeader k = read_key(r, "paypal-request-id", KeyFormat::kUuid);
+  ASSERT_EQ(k.kind, KeyHeader::Kind::kValid) << k.why;
+  r.set("PayPal-Request-Id", "order-7");
+  EXPECT_EQ(read_key(r, "PayPal-Request-Id", KeyFormat::kAny).kind, KeyHeader::Kind::kValid);
+  EXPECT_EQ(read_key(r, "PayPal-Request-Id", KeyFormat::kUuid).kind, KeyHeader::Kind::kMalformed);
+  r.set("PayPal-Request-Id", "8e03978e+40d5-43e8-bc93-6894a57f9324");
+  EXPECT_EQ(read_key(r, "PayPal-Request-Id", KeyFormat::kUuid).kind, KeyHeader::Kind::kMalformed);
+}
+
 TEST(ReadKey, TwoHeadersAreRefused) {
   Request r = with_key("a");
   r.insert(kKeyHeader, "b");
@@ -113,11 +126,37 @@ TEST(Scope, NamedCookiesStandInForAMissingAuthorization) {
 TEST(Scope, HeaderValueIsLengthPrefixedSoPartsCannotRunTogether) {
   ProxyOptions o;
   o.scope_header = "X-Tenant";
-  o.fixed_scope = "payments";
+  o.policy.fixed_scope = "payments";
   Request r = post("/pay");
   r.set("X-Tenant", "acme corp");
   EXPECT_EQ(scope_of(r, o), "t9:acme corp payments");
   EXPECT_EQ(scope_of(post("/pay"), o), "payments");
+}
+
+TEST(Scope, HostIsInTheScopeLowerCasedAndLengthPrefixed) {
+  ProxyOptions o;
+  Request a = post("/pay");
+  a.set(http::field::host, "Shop.Example:8080");
+  EXPECT_EQ(scope_of(a, o), "h17:shop.example:8080 POST /pay");
+  Request b = post("/pay");
+  b.set(http::field::host, "other.example");
+  EXPECT_NE(scope_of(a, o), scope_of(b, o));
+  o.host_scope = false;
+  EXPECT_EQ(scope_of(a, o), "POST /pay");
+}
+
+TEST(Scope, CredentialsAreReportedOnlyWhenTheScopeHoldsThem) {
+  ProxyOptions o;
+  Request cookie_only = post("/pay");
+  cookie_only.set(http::field::cookie, "session=1");
+  EXPECT_FALSE(has_credentials(cookie_only, o));
+  o.credential_cookies = {"session"};
+  EXPECT_TRUE(has_credentials(cookie_only, o));
+  Request bearer = post("/pay");
+  bearer.set(http::field::authorization, "Bearer x");
+  EXPECT_TRUE(has_credentials(bearer, o));
+  o.credential_scope = false;
+  EXPECT_FALSE(has_credentials(bearer, o));
 }
 
 TEST(Scope, LongScopeBecomesADigestWithinTheLimit) {
@@ -182,8 +221,9 @@ TEST(Record, RefusesOtherFormatsVersionsAndTruncation) {
   EXPECT_FALSE(decode_record(newer, &why));
   EXPECT_THAT(why, HasSubstr("version 2"));
   std::string flagged = good;
-  flagged[5] = 1;
+  flagged[5] = 2;
   EXPECT_FALSE(decode_record(flagged, &why));
+  EXPECT_THAT(why, HasSubstr("unknown flags"));
   // Cut inside the header list: refused, never read past the end.
   for (std::size_t cut = 12; cut < good.size() - r.body.size(); ++cut) {
     EXPECT_FALSE(decode_record(good.substr(0, cut))) << cut;
@@ -192,6 +232,27 @@ TEST(Record, RefusesOtherFormatsVersionsAndTruncation) {
   std::string lying = good;
   lying[11] = '\x7f';
   EXPECT_FALSE(decode_record(lying, &why));
+}
+
+TEST(Record, MarkerOfATooLargeAnswerKeepsStatusHeadersAndSizeButNoBody) {
+  RecordedResponse r;
+  r.status = 201;
+  r.headers = {{"Location", "/orders/7"}};
+  r.body_omitted = true;
+  r.body_size = 123456789;
+  const std::string bytes = encode_record(r);
+  EXPECT_EQ(bytes.size(), encoded_size(r));
+  EXPECT_EQ(static_cast<unsigned char>(bytes[5]), kFlagBodyOmitted);
+  std::optional<RecordedResponse> back = decode_record(bytes);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_TRUE(back->body_omitted);
+  EXPECT_EQ(back->body_size, 123456789u);
+  EXPECT_EQ(back->status, 201u);
+  EXPECT_EQ(back->headers, r.headers);
+  EXPECT_TRUE(back->body.empty());
+  // A marker with bytes after its size is not one this proxy wrote.
+  EXPECT_FALSE(decode_record(bytes + "x"));
+  EXPECT_FALSE(decode_record(bytes.substr(0, bytes.size() - 1)));
 }
 
 // ---- headers ----
@@ -216,11 +277,12 @@ TEST(Messages, UpstreamRequestDropsExpectAndForgedFencingHeaders) {
   client.set(kTokenHeader, "1");
   client.set(http::field::connection, "close");
   client.keep_alive(false);
-  Request up = upstream_request(client);
+  client.version(10);
+  RequestHeader up = upstream_header(client, {});
   EXPECT_EQ(up.count(http::field::expect), 0u);
   EXPECT_EQ(up.count(kTokenHeader), 0u);
-  EXPECT_TRUE(up.keep_alive());
-  EXPECT_EQ(up[http::field::content_length], "4");
+  EXPECT_EQ(up.version(), 11u);
+  EXPECT_TRUE(keep_alive_of(up));
   add_fencing(up, 42, 2, true);
   EXPECT_EQ(up[kTokenHeader], "42");
   EXPECT_EQ(up[kAttemptHeader], "2");
@@ -233,13 +295,51 @@ TEST(Messages, RecordKeepsEndToEndHeadersInOrderAndReplayMarksIt) {
   up.insert("X-A", "1");
   up.set(http::field::connection, "keep-alive");
   up.set(http::field::content_length, "4");
-  up.body() = "body";
   RecordedResponse r = to_record(up);
+  r.body = "body";
   EXPECT_THAT(r.headers, ElementsAre(Pair("X-B", "2"), Pair("X-A", "1")));
   Response replay = from_record(r, true);
   EXPECT_EQ(replay.result_int(), 201u);
   EXPECT_EQ(replay[kReplayedHeader], "true");
   EXPECT_EQ(replay.body(), "body");
+}
+
+TEST(Messages, UpstreamHeaderTellsWhoAskedAndThroughWhat) {
+  Request client = post("/pay");
+  client.set("X-Forwarded-For", "203.0.113.7");
+  client.set(http::field::via, "1.1 lb");
+  RequestHeader up = upstream_header(client, ClientInfo{"10.0.0.2", 5555, "req-1"});
+  EXPECT_EQ(up["X-Forwarded-For"], "203.0.113.7, 10.0.0.2");
+  EXPECT_EQ(up[http::field::forwarded], "for=10.0.0.2");
+  EXPECT_EQ(up[http::field::via], "1.1 lb, 1.1 idem");
+  EXPECT_EQ(up[kRequestIdHeader], "req-1");
+  RequestHeader v6 = upstream_header(post("/pay"), ClientInfo{"::1", 1, "r"});
+  EXPECT_EQ(v6[http::field::forwarded], "for=\"[::1]\"");
+}
+
+TEST(Messages, RequestIdsFromClientsAreCheckedAndNewOnesAreRandomHex) {
+  EXPECT_EQ(usable_request_id("abc-123"), std::optional<std::string>("abc-123"));
+  EXPECT_FALSE(usable_request_id(""));
+  EXPECT_FALSE(usable_request_id("has space"));
+  EXPECT_FALSE(usable_request_id(std::string(129, 'a')));
+  EXPECT_FALSE(usable_request_id("quote\""));
+  const std::string id = new_request_id();
+  EXPECT_EQ(id.size(), 32u);
+  EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_NE(id, new_request_id());
+}
+
+TEST(Messages, HttpDateIsImfFixdate) {
+  EXPECT_EQ(http_date(std::chrono::system_clock::time_point(std::chrono::seconds(784111777))),
+            "Sun, 06 Nov 1994 08:49:37 GMT");
+}
+
+TEST(Messages, SetCookieIsFoundInARecordWhateverItsCase) {
+  RecordedResponse r;
+  r.headers = {{"Content-Type", "text/plain"}};
+  EXPECT_FALSE(sets_cookie(r));
+  r.headers.emplace_back("set-cookie", "a=1");
+  EXPECT_TRUE(sets_cookie(r));
 }
 
 TEST(Messages, ProblemIsProblemJson) {
@@ -248,6 +348,14 @@ TEST(Messages, ProblemIsProblemJson) {
   EXPECT_THAT(p.body(), HasSubstr("\"status\":409"));
   EXPECT_THAT(p.body(), HasSubstr("\"code\":\"in-progress\""));
   EXPECT_THAT(p.body(), HasSubstr("\"title\":\"Conflict\""));
+  EXPECT_THAT(p.body(), HasSubstr("\"type\":\"about:blank\""));
+  EXPECT_FALSE(p[http::field::date].empty());
+  Response named = problem(409, "in-progress", "busy",
+                           ProblemContext{"req-9", "https://api.example/problems/", {{"n", 7}}});
+  EXPECT_THAT(named.body(), HasSubstr("\"type\":\"https://api.example/problems/in-progress\""));
+  EXPECT_THAT(named.body(), HasSubstr("\"request_id\":\"req-9\""));
+  EXPECT_THAT(named.body(), HasSubstr("\"n\":7"));
+  EXPECT_EQ(named[kRequestIdHeader], "req-9");
 }
 
 TEST(Messages, RetryAfterRoundsUpToWholeSecondsAndIsAtLeastOne) {
@@ -256,12 +364,13 @@ TEST(Messages, RetryAfterRoundsUpToWholeSecondsAndIsAtLeastOne) {
   EXPECT_EQ(retry_after(std::chrono::milliseconds(30000)), "30");
 }
 
-TEST(Messages, ReleaseStatusesDefaultToServerErrors) {
+TEST(Messages, ReleaseStatusesDefaultToServerErrorsTooManyRequestsAndRequestTimeout) {
   ProxyOptions o;
-  EXPECT_TRUE(releases(500, o));
-  EXPECT_TRUE(releases(599, o));
-  EXPECT_FALSE(releases(409, o));
-  EXPECT_FALSE(releases(200, o));
+  for (unsigned status : {500u, 503u, 599u, 429u, 408u})
+    EXPECT_TRUE(releases(status, o.policy)) << status;
+  for (unsigned status : {200u, 201u, 400u, 404u, 409u, 422u}) {
+    EXPECT_FALSE(releases(status, o.policy)) << status;
+  }
 }
 
 // ---- options ----
@@ -282,6 +391,36 @@ TEST(Options, ListenAndUpstreamAddresses) {
   for (const char* bad : {"https://x:1", "x:1", "http://x:1/path", "http://x", "http://x:0"}) {
     EXPECT_THROW(parse_upstream(bad, o), std::invalid_argument) << bad;
   }
+}
+
+TEST(Routes, GlobsMatchWithinASegmentOrAcrossSegments) {
+  EXPECT_TRUE(path_matches("/orders", "/orders"));
+  EXPECT_FALSE(path_matches("/orders", "/orders/7"));
+  EXPECT_TRUE(path_matches("/orders/*", "/orders/7"));
+  EXPECT_FALSE(path_matches("/orders/*", "/orders/7/items"));
+  EXPECT_TRUE(path_matches("/orders/*/items", "/orders/7/items"));
+  EXPECT_TRUE(path_matches("/orders/**", "/orders/7/items/3"));
+  EXPECT_TRUE(path_matches("/orders/**", "/orders"));
+  EXPECT_TRUE(path_matches("/**/refunds", "/v1/payments/7/refunds"));
+  EXPECT_FALSE(path_matches("/**/refunds", "/v1/payments/7/refund"));
+  EXPECT_TRUE(path_matches("/v*/pay", "/v2/pay"));
+  EXPECT_FALSE(path_matches("/v*/pay", "/pay"));
+  // Many stars stay linear: no backtracking blow-up on a long path.
+  EXPECT_FALSE(path_matches("/**/*a*a*a*a*a*b", "/" + std::string(10000, 'a')));
+}
+
+TEST(Routes, TheFirstMatchingRouteWinsElseTheFlagsPolicy) {
+  ProxyOptions o;
+  o.policy.require_key = false;
+  Route strict{"/pay/**", o.policy};
+  strict.policy.require_key = true;
+  Route open{"/**", o.policy};
+  open.policy.protect = false;
+  o.routes = {strict, open};
+  EXPECT_TRUE(policy_for(o, "/pay/eu").require_key);
+  EXPECT_FALSE(policy_for(o, "/other").protect);
+  o.routes.pop_back();
+  EXPECT_EQ(&policy_for(o, "/other"), &o.policy);
 }
 
 TEST(Options, MethodsAndStatusLists) {

@@ -12,6 +12,15 @@
 //   X-Test-Chunked: 1      answer with Transfer-Encoding: chunked, in several chunks and a trailer
 //   X-Test-Body-Size: N    answer N bytes of binary (every byte value, NULs included)
 //   X-Test-Hop: 1          add hop-by-hop headers (Connection-named, Keep-Alive) to the answer
+//   X-Test-Cut: N          announce a body of 2N bytes, send N of them, and close (an answer
+//                          cut off midway)
+//   X-Test-Stream: N       answer N chunks, chunked, one at a time: "chunk 1\n" at once, and
+//                          each next one after X-Test-Stream-Gate: NAME opens (or at once)
+//   X-Test-Sse: 1          with X-Test-Stream, Content-Type: text/event-stream
+//   X-Test-Echo: 1         answer the request's header fields, one "name: value" a line
+//   X-Test-Set-Cookie: V   add Set-Cookie: V to the answer
+//   X-Test-Announce: 1     as soon as the header has arrived, before reading the body, append
+//                          the target to the --log file's name + ".announce"
 // Otherwise it answers 200 with a text body naming the execution number and what it saw.
 // Every executed request appends one line to the --log file when it arrives:
 //   <execution> <Idempotency-Key or -> <Idempotency-Token or -> <Idempotency-Attempt or ->
@@ -53,6 +62,7 @@ std::set<std::string> open_gates;
 std::atomic<long> executions{0};
 std::atomic<long> connections{0};
 int log_fd = -1;
+int announce_fd = -1;
 
 std::string header(const http::request<http::string_body>& req, std::string_view name,
                    const char* fallback = "-") {
@@ -91,6 +101,32 @@ void write_chunked(tcp::socket& socket, const std::string& text, bool keep_alive
   asio::write(socket, asio::buffer(out));
 }
 
+void wait_gate(const std::string& gate) {
+  std::unique_lock<std::mutex> lock(gates_mu);
+  gates_cv.wait(lock, [&] { return open_gates.count(gate) != 0; });
+}
+
+// X-Test-Stream: the first chunk at once, then one per opening of the gate (or at once).
+void write_stream(tcp::socket& socket, int chunks, const std::string& gate, bool sse,
+                  bool keep_alive) {
+  std::string head = "HTTP/1.1 200 OK\r\nContent-Type: ";
+  head += sse ? "text/event-stream" : "text/plain";
+  head += "\r\nTransfer-Encoding: chunked\r\n";
+  if (!keep_alive) head += "Connection: close\r\n";
+  head += "\r\n";
+  boost::system::error_code ec;
+  asio::write(socket, asio::buffer(head), ec);
+  for (int i = 1; i <= chunks && !ec; ++i) {
+    if (i > 1 && !gate.empty()) wait_gate(gate + "-" + std::to_string(i));
+    std::string text =
+        sse ? "data: chunk " + std::to_string(i) + "\n\n" : "chunk " + std::to_string(i) + "\n";
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", text.size());
+    asio::write(socket, asio::buffer(std::string(size) + text + "\r\n"), ec);
+  }
+  if (!ec) asio::write(socket, asio::buffer(std::string("0\r\n\r\n")), ec);
+}
+
 void serve(tcp::socket socket) {
   const long connection = ++connections;
   beast::flat_buffer buffer;
@@ -98,6 +134,13 @@ void serve(tcp::socket socket) {
   for (;;) {
     http::request_parser<http::string_body> parser;
     parser.body_limit(256 * 1024 * 1024);
+    http::read_header(socket, buffer, parser, ec);
+    if (ec) return;
+    if (auto it = parser.get().find("X-Test-Announce");
+        it != parser.get().end() && announce_fd >= 0) {
+      std::string line = std::string(parser.get().target()) + "\n";
+      (void)!::write(announce_fd, line.data(), line.size());
+    }
     http::read(socket, buffer, parser, ec);
     if (ec) return;
     http::request<http::string_body> req = parser.release();
@@ -121,10 +164,7 @@ void serve(tcp::socket socket) {
 
     const long n = ++executions;
     log_execution(n, connection, req);
-    if (auto gate = header(req, "X-Test-Gate", ""); !gate.empty()) {
-      std::unique_lock<std::mutex> lock(gates_mu);
-      gates_cv.wait(lock, [&] { return open_gates.count(gate) != 0; });
-    }
+    if (auto gate = header(req, "X-Test-Gate", ""); !gate.empty()) wait_gate(gate);
     if (auto delay = header(req, "X-Test-Delay-Ms", ""); !delay.empty()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(delay.c_str())));
     }
@@ -138,6 +178,28 @@ void serve(tcp::socket socket) {
                        " stolen=" + header(req, "Idempotency-Stolen") + " method=" +
                        std::string(req.method_string()) + " target=" + target +
                        " body=" + std::to_string(req.body().size()) + "\n";
+    if (auto cut = header(req, "X-Test-Cut", ""); !cut.empty()) {
+      const std::size_t n = std::strtoull(cut.c_str(), nullptr, 10);
+      std::string out =
+          "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+          "Content-Length: " +
+          std::to_string(2 * n) + "\r\n\r\n";
+      out += std::string(n, 'c');
+      asio::write(socket, asio::buffer(out), ec);
+      socket.shutdown(tcp::socket::shutdown_both, ec);
+      return;
+    }
+    if (auto stream = header(req, "X-Test-Stream", ""); !stream.empty()) {
+      write_stream(socket, std::atoi(stream.c_str()), header(req, "X-Test-Stream-Gate", ""),
+                   header(req, "X-Test-Sse", "") == "1", keep_alive);
+      if (ec || !keep_alive) return;
+      continue;
+    }
+    if (header(req, "X-Test-Echo", "") == "1") {
+      for (const auto& field : req) {
+        text += std::string(field.name_string()) + ": " + std::string(field.value()) + "\n";
+      }
+    }
     if (header(req, "X-Test-Chunked", "") == "1") {
       write_chunked(socket, text, keep_alive);
       if (!keep_alive) return;
@@ -155,12 +217,17 @@ void serve(tcp::socket socket) {
     } else {
       res.body() = text;
     }
+    if (auto cookie = header(req, "X-Test-Set-Cookie", ""); !cookie.empty()) {
+      res.set(http::field::set_cookie, cookie);
+    }
     if (header(req, "X-Test-Hop", "") == "1") {
       res.set(http::field::connection, "X-Hop-Secret");
       res.set("X-Hop-Secret", "must not be replayed");
       res.set(http::field::keep_alive, "timeout=5");
       res.set("X-End-To-End", "kept");
     }
+    // Statuses that carry no body (RFC 9110 §6.4.1) get none.
+    if (const unsigned s = res.result_int(); s < 200 || s == 204 || s == 304) res.body().clear();
     res.keep_alive(keep_alive);
     res.prepare_payload();
     http::write(socket, res, ec);
@@ -195,7 +262,9 @@ int main(int argc, char** argv) {
   }
   if (!log_file.empty()) {
     log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) {
+    announce_fd =
+        ::open((log_file + ".announce").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0 || announce_fd < 0) {
       std::perror(log_file.c_str());
       return 1;
     }
