@@ -84,7 +84,8 @@ idem_start_postgres() {
 # socket in DIR, with pool_mode MODE (session or transaction), and sends every database
 # name on to the server (a `*` entry). Every other setting is PgBouncer's default but what
 # it takes to reach the server: trust authentication for the postgres user (listed in
-# DIR/userlist.txt). Extra arguments are added to the database entry (e.g. pool_size=1).
+# DIR/userlist.txt), who may also use its console (database pgbouncer, for SHOW POOLS).
+# Extra arguments are added to the database entry (e.g. pool_size=1).
 # PgBouncer refuses to run as root, so it runs as the `postgres` user; DIR becomes that
 # user's. Its pid is in DIR/pgbouncer.pid, its log in DIR/pgbouncer.log.
 idem_pgbouncer_run() {
@@ -97,6 +98,7 @@ listen_addr = 127.0.0.1
 listen_port = $port
 unix_socket_dir = $dir
 auth_type = trust
+admin_users = postgres
 auth_file = $dir/userlist.txt
 pool_mode = $mode
 logfile = $dir/pgbouncer.log
