@@ -30,6 +30,7 @@
 #include "idem/codec.h"
 #include "idem/error.h"
 #include "idem/store.h"
+#include "idem/transaction.h"
 #include "idem/types.h"
 
 namespace idem {
@@ -117,6 +118,22 @@ struct CallOptions {
   // whose token is already requested still acquires a free key (the action then sees its
   // stop token requested) and still replays.
   std::stop_token stop_token{};
+};
+
+// The options of Executor::run_in_open_transaction (SPEC §14's one-transaction form);
+// unset fields take the executor's values.
+struct OpenTransactionOptions {
+  // The lease written with the IN_PROGRESS record. Nobody else ever sees that record unless
+  // the caller commits without completing (see run_in_open_transaction), so it matters
+  // only then.
+  std::optional<Duration> lease{};
+  std::optional<Duration> ttl{};
+  // As CallOptions::fingerprint.
+  std::optional<std::string> fingerprint{};
+  // PostgreSQL: a key that another open transaction is writing answers InProgress at once
+  // instead of waiting for that transaction to end. (SQLite: the caller's BEGIN IMMEDIATE
+  // is where a duplicate waits.)
+  bool nowait = false;
 };
 
 namespace detail {
@@ -236,6 +253,20 @@ Result<T> decode_result(Result<std::string>&& bytes, RecordRef record) {
   }
 }
 
+// The result type run() takes from an action: void, std::string for anything that converts
+// to it (bytes), else the action's own type through Codec<T>.
+template <typename F>
+struct ResultOfAction {
+  static_assert(std::is_invocable_v<F&, const Attempt&>,
+                "the action must be callable with a const idem::Attempt&");
+  using R = std::invoke_result_t<F&, const Attempt&>;
+  using type = std::conditional_t<
+      std::is_void_v<R>, void,
+      std::conditional_t<std::is_convertible_v<R, std::string>, std::string, std::decay_t<R>>>;
+};
+template <typename F>
+using ResultOf = typename ResultOfAction<F>::type;
+
 // The untyped part of AttemptHandle<T>: everything but the typed complete().
 class AttemptCore {
  public:
@@ -243,12 +274,15 @@ class AttemptCore {
   AttemptCore(AttemptCore&& other) noexcept
       : keep_alive_(std::move(other.keep_alive_)),
         state_(std::move(other.state_)),
-        ended_(other.ended_) {}
+        ended_(other.ended_),
+        completing_(other.completing_),
+        pending_(std::move(other.pending_)) {}
   // Releases the lease this handle holds, if any, then takes over `other`'s.
   AttemptCore& operator=(AttemptCore&& other) noexcept;
   AttemptCore(const AttemptCore&) = delete;
   AttemptCore& operator=(const AttemptCore&) = delete;
-  // Releases the lease when neither complete() nor release() ended it.
+  // Releases the lease when neither complete() nor release() ended it (abandons it while a
+  // complete_in() waits for the caller's commit, see release()).
   ~AttemptCore() {
     if (state_ != nullptr && !ended_) release();
   }
@@ -275,6 +309,9 @@ class AttemptCore {
   // next caller runs as attempt 1 (SPEC §4). Best effort, as when run()'s action throws: if
   // the store cannot be reached the lease simply expires and the next caller steals it.
   // Does nothing on a handle that has already ended.
+  // While a complete_in() waits for the caller's commit, the outcome is the caller's
+  // transaction's: release() then abandons the handle instead (no store call; the record is
+  // COMPLETE if the caller commits, else IN_PROGRESS until the lease runs out).
   void release() noexcept;
 
   // Gives the handle up without releasing the record: stops the heartbeat for this lease
@@ -287,10 +324,25 @@ class AttemptCore {
   // Never throws; does nothing on a handle that has already ended.
   void abandon() noexcept;
 
+  // SPEC §14, the handshake of AttemptHandle::complete_in. Whether a result was written on
+  // the caller's transaction and its commit has not been reported yet.
+  bool completing() const noexcept { return active() && completing_; }
+
+  // The caller's transaction that holds the complete_in() write rolled back (or failed
+  // before its COMMIT): the record is still IN_PROGRESS under this lease, the heartbeat
+  // extends it again (at once), and the handle can complete (either way) or release. If the
+  // executor shut down meanwhile, the lease is released and the handle ends (active() is
+  // false). Throws std::logic_error unless completing().
+  void rolled_back();
+
  protected:
   AttemptCore(std::shared_ptr<InFlight> state, std::shared_ptr<ExecutorImpl> keep_alive) noexcept;
   // Stores `bytes` as the result. See AttemptHandle::complete.
   Result<std::string> complete_bytes(std::string bytes);
+  // See AttemptHandle::complete_in, committed and resolve.
+  void complete_in_bytes(const SqlConnection& conn, std::string bytes);
+  Result<std::string> committed_bytes();
+  std::optional<Result<std::string>> resolve_bytes();
 
  private:
   friend class ExecutorImpl;
@@ -301,6 +353,10 @@ class AttemptCore {
   std::shared_ptr<InFlight> state_;
   // Set when this handle ended the lease, so that its destructor has nothing to do.
   bool ended_ = false;
+  // Set between complete_in() and the report of the caller's commit; pending_ is the
+  // result written on the caller's transaction.
+  bool completing_ = false;
+  std::string pending_;
 };
 
 }  // namespace detail
@@ -338,6 +394,67 @@ class AttemptHandle : public detail::AttemptCore {
     }
   }
 
+  // SPEC §14: records `value` (through Codec<T>) as COMPLETE on the caller's open
+  // transaction on `conn`, which must be on the database that holds the store's records
+  // (the same PostgreSQL database, the same SQLite file). Nothing is visible to anybody
+  // until the caller commits. The heartbeat stops extending the lease meanwhile (the
+  // caller's transaction holds the record's row lock; SQLite: the file's write lock), so
+  // keep the transaction shorter than the lease: docs/api.md. Then report the outcome:
+  // committed() after a successful COMMIT, rolled_back() after a ROLLBACK (or any failure
+  // before COMMIT), resolve() when the COMMIT's answer was lost.
+  // Throws, and the caller must roll back:
+  //  - LeaseLost: the write was fenced (the key was taken over or deleted); nothing was
+  //    written and the handle has ended.
+  //  - PayloadTooLarge: as complete(); the record was released and the handle has ended.
+  //  - InvalidArgument: the store cannot join a caller's transaction (Redis, memory), or
+  //    `conn` is of the wrong kind or not in a transaction; the handle is unchanged.
+  //  - StoreUnavailable: the write failed on the caller's connection; the handle holds its
+  //    lease again (the heartbeat resumes) and can complete or release.
+  //  - std::logic_error: the handle had already ended, or a complete_in is pending.
+  void complete_in(const SqlConnection& conn, T value) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      complete_in_bytes(conn, std::move(value));
+    } else {
+      std::string bytes = Codec<T>::encode(value);
+      complete_in_bytes(conn, std::move(bytes));
+      value_.emplace(std::move(value));
+    }
+  }
+
+  // The caller's COMMIT succeeded: the handle ends as completed (duplicates waiting in this
+  // process get the value at once) and returns `value` as complete() would. No store call.
+  // Throws std::logic_error unless completing().
+  Result<T> committed() {
+    if constexpr (std::is_same_v<T, std::string>) {
+      return committed_bytes();
+    } else {
+      Result<std::string> stored = committed_bytes();
+      Result<T> out{static_cast<ResultInfo&&>(stored), std::move(*value_)};
+      value_.reset();
+      return out;
+    }
+  }
+
+  // The COMMIT's answer was lost (the connection broke while it was sent): settles what
+  // happened from the record itself. First a fenced extend on the store's own connection,
+  // which waits for the caller's transaction to end if it still holds the row, then a read:
+  //  - COMPLETE with this token: the commit happened; as committed().
+  //  - IN_PROGRESS with this token: it did not; as rolled_back(), and returns nullopt.
+  //  - anything else: throws LeaseLost (the key was taken over; the handle has ended).
+  // Throws StoreUnavailable when the store cannot tell yet (the handle stays completing()
+  // and resolve() can be called again). Throws std::logic_error unless completing().
+  std::optional<Result<T>> resolve() {
+    std::optional<Result<std::string>> stored = resolve_bytes();
+    if constexpr (std::is_same_v<T, std::string>) {
+      return stored;
+    } else {
+      if (!stored) return std::nullopt;
+      Result<T> out{static_cast<ResultInfo&&>(*stored), std::move(*value_)};
+      value_.reset();
+      return out;
+    }
+  }
+
   // For the executor only (see detail::HandleKey).
   AttemptHandle(detail::HandleKey, std::shared_ptr<detail::InFlight> state,
                 std::shared_ptr<detail::ExecutorImpl> keep_alive) noexcept
@@ -347,6 +464,10 @@ class AttemptHandle : public detail::AttemptCore {
   friend class Executor;
   explicit AttemptHandle(detail::AttemptCore&& core) noexcept
       : detail::AttemptCore(std::move(core)) {}
+
+  // The value of a complete_in() that waits for its commit (T other than std::string).
+  struct NoValue {};
+  std::conditional_t<std::is_same_v<T, std::string>, NoValue, std::optional<T>> value_{};
 };
 
 // The handle of an action that returns nothing: complete() records an empty result.
@@ -357,6 +478,14 @@ class AttemptHandle<void> : public detail::AttemptCore {
   // As AttemptHandle<T>::complete, with nothing to store but the fact of completion.
   Result<void> complete() {
     return Result<void>{static_cast<ResultInfo&&>(complete_bytes(std::string()))};
+  }
+  // As AttemptHandle<T>::complete_in, committed and resolve.
+  void complete_in(const SqlConnection& conn) { complete_in_bytes(conn, std::string()); }
+  Result<void> committed() { return Result<void>{static_cast<ResultInfo&&>(committed_bytes())}; }
+  std::optional<Result<void>> resolve() {
+    std::optional<Result<std::string>> stored = resolve_bytes();
+    if (!stored) return std::nullopt;
+    return Result<void>{static_cast<ResultInfo&&>(*stored)};
   }
   AttemptHandle(detail::HandleKey, std::shared_ptr<detail::InFlight> state,
                 std::shared_ptr<detail::ExecutorImpl> keep_alive) noexcept
@@ -469,13 +598,7 @@ class Executor {
   template <typename F>
   auto run(std::string_view scope, std::string_view key, F&& action,
            const CallOptions& call = {}) {
-    static_assert(std::is_invocable_v<F&, const Attempt&>,
-                  "the action must be callable with a const idem::Attempt&");
-    using R = std::invoke_result_t<F&, const Attempt&>;
-    using T = std::conditional_t<
-        std::is_void_v<R>, void,
-        std::conditional_t<std::is_convertible_v<R, std::string>, std::string, std::decay_t<R>>>;
-    return run<T>(scope, key, std::forward<F>(action), call);
+    return run<detail::ResultOf<F>>(scope, key, std::forward<F>(action), call);
   }
 
   using BytesResult = Result<std::string>;
@@ -500,6 +623,122 @@ class Executor {
                   "static std::string encode(const T&) and static T decode(std::string_view) "
                   "(see idem/codec.h), or use std::string.");
     return begin_as<T>(scope, key, call, /*keep_alive=*/true);
+  }
+
+  // SPEC §14: run() whose result commits together with the action's own writes, for an
+  // action whose effects are writes to the database that holds the store's records (the
+  // same PostgreSQL database, the same SQLite file) through the caller's connection `conn`.
+  // Takes the lease as run() does (replays and busy keys too), then on `conn`: BEGIN
+  // (SQLite: BEGIN IMMEDIATE), the action, the COMPLETE record, COMMIT. A crash anywhere
+  // leaves the action's writes and the record committed together or neither; a lease lost
+  // before the commit throws LeaseLost and the transaction is rolled back. A COMMIT whose
+  // answer is lost is settled from the record (AttemptHandle::resolve).
+  // Throws as run() does, and InvalidArgument (before anything is acquired) for a store
+  // that cannot join a caller's transaction. When the action throws, the transaction is
+  // rolled back, the record released and the exception rethrown. `conn` must not be in a
+  // transaction already.
+  template <typename T, typename F>
+  Result<T> run_in_transaction(const SqlConnection& conn, std::string_view scope,
+                               std::string_view key, F&& action, const CallOptions& call = {}) {
+    static_assert(detail::kHasCodec<T>, "idem: no codec for this result type (see run())");
+    TransactionalStore& tx = transactional_store();
+    BeginResult<T> begun = begin_as<T>(scope, key, call, /*keep_alive=*/false);
+    if (Result<T>* replay = begun.replay()) return std::move(*replay);
+    if (const Busy* busy = begun.busy()) {
+      throw InProgress(busy->lease_expires_at, busy->lease_remaining, RecordRef{scope, key});
+    }
+    AttemptHandle<T>& handle = *begun.handle();
+    tx.begin(conn);
+    {
+      // The action or the write threw: the transaction goes, then the lease (the handle's
+      // destructor releases it as the exception leaves).
+      struct RollBack {
+        TransactionalStore& tx;
+        const SqlConnection& conn;
+        AttemptHandle<T>& handle;
+        bool armed = true;
+        ~RollBack() {
+          if (!armed) return;
+          tx.rollback(conn);
+          if (handle.completing()) handle.rolled_back();
+        }
+      } roll_back{tx, conn, handle};
+      if constexpr (std::is_void_v<T>) {
+        action(handle.attempt());
+        handle.complete_in(conn);
+      } else {
+        handle.complete_in(conn, action(handle.attempt()));
+      }
+      roll_back.armed = false;
+    }
+    try {
+      tx.commit(conn);
+    } catch (const StoreUnavailable&) {
+      // Committed or not, the record says which (the commit failed, or its answer was lost).
+      if (auto recorded = handle.resolve()) return std::move(*recorded);
+      throw;  // rolled back: the handle releases the record as it goes
+    }
+    return handle.committed();
+  }
+
+  template <typename F>
+  auto run_in_transaction(const SqlConnection& conn, std::string_view scope,
+                          std::string_view key, F&& action, const CallOptions& call = {}) {
+    return run_in_transaction<detail::ResultOf<F>>(conn, scope, key, std::forward<F>(action),
+                                                   call);
+  }
+
+  // SPEC §14's one-transaction form, for an action whose only effects are writes through
+  // `conn` to the database that holds the store's records. Everything runs in the caller's
+  // open transaction on `conn`, which the caller began and commits (or rolls back) itself:
+  // the acquire (a record written IN_PROGRESS in the caller's transaction, so a duplicate
+  // in another transaction waits on it, or answers InProgress with `nowait`), the action,
+  // and the COMPLETE record. No lease is kept alive and no heartbeat runs: the caller's
+  // transaction is the lock. A crash or a rollback leaves nothing behind.
+  // Returns the action's result, or the stored result of an earlier run (replayed; the
+  // action did not run). The caller must commit for the result to be recorded, and must
+  // roll back when this throws: InvalidArgument (a store that cannot join, or `conn` not
+  // in a transaction), InProgress (a live lease of another caller holds the key, or with
+  // `nowait` another transaction writes it), KeyReuse, PayloadTooLarge, StoreUnavailable,
+  // DecodeFailed, or the action's own exception unchanged.
+  template <typename T, typename F>
+  Result<T> run_in_open_transaction(const SqlConnection& conn, std::string_view scope,
+                                    std::string_view key, F&& action,
+                                    const OpenTransactionOptions& options = {}) {
+    static_assert(detail::kHasCodec<T>, "idem: no codec for this result type (see run())");
+    std::optional<Attempt> attempt;
+    Result<std::string> replay = begin_in_open_transaction(conn, scope, key, options, attempt);
+    if (!attempt) {
+      if constexpr (std::is_same_v<T, std::string> || std::is_void_v<T>) {
+        if constexpr (std::is_void_v<T>) {
+          return Result<void>{static_cast<ResultInfo&&>(replay)};
+        } else {
+          return replay;
+        }
+      } else {
+        return detail::decode_result<T>(std::move(replay), RecordRef{scope, key});
+      }
+    }
+    if constexpr (std::is_void_v<T>) {
+      action(*attempt);
+      return Result<void>{static_cast<ResultInfo&&>(
+          complete_in_open_transaction(conn, scope, key, *attempt, std::string(), options))};
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return complete_in_open_transaction(conn, scope, key, *attempt, action(*attempt), options);
+    } else {
+      T value = action(*attempt);
+      Result<std::string> stored = complete_in_open_transaction(
+          conn, scope, key, *attempt, Codec<T>::encode(value), options);
+      return Result<T>{static_cast<ResultInfo&&>(stored), std::move(value)};
+    }
+  }
+
+  template <typename F>
+  auto run_in_open_transaction(const SqlConnection& conn, std::string_view scope,
+                               std::string_view key, F&& action,
+                               const OpenTransactionOptions& options = {}) {
+    return run_in_open_transaction<detail::ResultOf<F>>(conn, scope, key,
+                                                        std::forward<F>(action), options);
   }
 
   // An orderly stop: from now on calls are refused with ShutDown and waiting duplicates
@@ -540,6 +779,19 @@ class Executor {
       return BeginResult<T>(AttemptHandle<T>(std::move(*bytes.handle())));
     }
   }
+
+  // The store's steps on a caller's transaction; throws InvalidArgument when it has none.
+  TransactionalStore& transactional_store() const;
+  // run_in_open_transaction's two halves: the acquire (a replay is returned and `attempt`
+  // left empty; a busy key throws InProgress), and the complete.
+  Result<std::string> begin_in_open_transaction(const SqlConnection& conn,
+                                                std::string_view scope, std::string_view key,
+                                                const OpenTransactionOptions& options,
+                                                std::optional<Attempt>& attempt);
+  Result<std::string> complete_in_open_transaction(const SqlConnection& conn,
+                                                   std::string_view scope, std::string_view key,
+                                                   const Attempt& attempt, std::string bytes,
+                                                   const OpenTransactionOptions& options);
 
   std::shared_ptr<detail::ExecutorImpl> impl_;
 };

@@ -40,6 +40,8 @@ inline constexpr std::size_t kMaxPayloadBytes = std::size_t{64} << 20;        //
 inline constexpr Duration kMaxDuration = std::chrono::hours(24 * 365);
 
 // One lease of a batched extend (Store::extend_many).
+class TransactionalStore;
+
 struct ExtendRequest {
   std::string_view scope;
   std::string_view key;
@@ -107,6 +109,10 @@ class Store {
 
   // Names the store for messages, with any password redacted: "sqlite:///var/x.db".
   virtual std::string describe() const = 0;
+
+  // The steps this store can take on a caller's own database transaction (SPEC §14,
+  // idem/transaction.h), or null when its records cannot join one (Redis, memory).
+  virtual TransactionalStore* transactions() noexcept { return nullptr; }
 
  protected:
   virtual AcquireResult do_acquire(std::string_view scope, std::string_view key,

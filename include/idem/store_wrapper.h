@@ -20,6 +20,8 @@ class StoreWrapper : public Store {
 
   Store& target() const { return *target_; }
   std::string describe() const override { return target_->describe(); }
+  // The wrapped store's own steps: a caller's transaction is not wrapped.
+  TransactionalStore* transactions() noexcept override { return target_->transactions(); }
 
  protected:
   AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,

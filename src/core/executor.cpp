@@ -139,6 +139,9 @@ struct InFlight : HeartbeatLease {
   std::optional<std::stop_callback<RequestStop>> cancel;
   // Duplicates that found this owner in the table and may still read its outcome.
   std::atomic<int> waiters{0};
+  // SPEC §14: set while its result is written on a caller's transaction whose commit has
+  // not been reported; shutdown leaves such a lease to that transaction.
+  std::atomic<bool> in_caller_tx{false};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -260,6 +263,23 @@ using BytesBegin = BeginResult<std::string>;
 
 ShutDown shut_down_error() {
   return ShutDown("the executor is shutting down and refuses new calls");
+}
+
+LeaseLost released_by_shutdown(const InFlight& owner) {
+  return LeaseLost(owner.token(),
+                   "the executor shut down and released the lease before the result came; "
+                   "the result was not recorded",
+                   owner.record());
+}
+
+Result<std::string> fresh_result(Token token, std::uint32_t attempt, bool stolen,
+                                 std::string&& bytes) {
+  Result<std::string> r;
+  r.token = token;
+  r.attempt = attempt;
+  r.stolen = stolen;
+  r.value = std::move(bytes);
+  return r;
 }
 
 }  // namespace
@@ -412,10 +432,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     Uncount uncount{owner.counted};
     if (!heartbeat_.remove(owner)) {
       // Only shutdown takes an open lease off the heartbeat behind its owner's back.
-      throw LeaseLost(owner.token(),
-                      "the executor shut down and released the lease before the result came; "
-                      "the result was not recorded",
-                      owner.record());
+      throw released_by_shutdown(owner);
     }
     const std::size_t limit = options_.max_payload;
     if (bytes.size() > limit) {
@@ -440,12 +457,194 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
     if (events_) emit_for(EventKind::kRan, owner, owner.started);
     finish(owner, OwnerState::kCompleted, &bytes);
+    return fresh_result(owner.token(), owner.attempt.number(), owner.attempt.stolen(),
+                        std::move(bytes));
+  }
+
+  // --- SPEC §14: the result written on the caller's transaction ---
+
+  TransactionalStore& transactional() const {
+    TransactionalStore* tx = store_->transactions();
+    if (tx != nullptr) return *tx;
+    throw InvalidArgument(
+        "store", store_->describe() +
+                     " cannot join a caller's database transaction (SPEC §14): its records "
+                     "are not in a SQL database. Use a postgresql:// or sqlite:// store on the "
+                     "database that holds your own data, or complete() after your commit");
+  }
+
+  // AttemptHandle::complete_in. Sets `ended` when the handle has ended (it throws then).
+  void complete_in(const std::shared_ptr<InFlight>& held, const SqlConnection& conn,
+                   const std::string& bytes, bool& ended) {
+    InFlight& owner = *held;
+    TransactionalStore& tx = transactional();
+    const std::size_t limit = options_.max_payload;
+    if (bytes.size() > limit) {
+      ended = true;
+      Uncount uncount{owner.counted};
+      if (heartbeat_.remove(owner)) {
+        release_quietly(owner);
+        if (events_) emit_for(EventKind::kReleased, owner, owner.started);
+        finish(owner, OwnerState::kGone, nullptr);
+      }
+      throw PayloadTooLarge(bytes.size(), limit, owner.record());
+    }
+    // The caller's transaction holds the record from the write to its end: an extend
+    // would wait for it and then find the record COMPLETE, so the lease is not extended
+    // until the caller reports the outcome.
+    owner.in_caller_tx.store(true, std::memory_order_seq_cst);
+    if (!heartbeat_.suspend(owner)) {
+      owner.in_caller_tx.store(false, std::memory_order_relaxed);
+      ended = true;
+      Uncount uncount{owner.counted};
+      throw released_by_shutdown(owner);
+    }
+    WriteResult written = WriteResult::kFenced;
+    try {
+      written = tx.complete_in(conn, owner.scope(), owner.key(), owner.token(), bytes, owner.ttl);
+    } catch (...) {
+      // Nothing of ours survives the caller's rollback: the lease is held again.
+      if (!hold_again(held)) ended = true;
+      throw;
+    }
+    if (written == WriteResult::kFenced) {
+      ended = true;
+      Uncount uncount{owner.counted};
+      heartbeat_.remove(owner);
+      owner.in_caller_tx.store(false, std::memory_order_relaxed);
+      const std::string why = fenced_reason(owner);
+      if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
+      finish(owner, OwnerState::kGone, nullptr);
+      throw LeaseLost(owner.token(), why, owner.record());
+    }
+  }
+
+  // AttemptHandle::committed: the caller's commit made the result durable. No store call.
+  Result<std::string> committed(InFlight& owner, std::string&& bytes) {
+    Uncount uncount{owner.counted};
+    // Whatever this returns (shutdown may have taken the lease off already), the record is
+    // COMPLETE with this token now.
+    heartbeat_.remove(owner);
+    owner.in_caller_tx.store(false, std::memory_order_relaxed);
+    if (events_) emit_for(EventKind::kRan, owner, owner.started);
+    finish(owner, OwnerState::kCompleted, &bytes);
+    return fresh_result(owner.token(), owner.attempt.number(), owner.attempt.stolen(),
+                        std::move(bytes));
+  }
+
+  // AttemptHandle::rolled_back: the lease is extended again, at once. Returns false when
+  // the handle has ended instead (the executor shut down: the lease was released).
+  bool hold_again(const std::shared_ptr<InFlight>& held) {
+    InFlight& owner = *held;
+    owner.in_caller_tx.store(false, std::memory_order_seq_cst);
+    if (!closing() && heartbeat_.resume(held)) return true;
+    Uncount uncount{owner.counted};
+    if (heartbeat_.remove(owner)) {
+      release_quietly(owner);
+      if (events_) emit_for(EventKind::kReleased, owner, owner.started);
+      finish(owner, OwnerState::kGone, nullptr);
+    }
+    return false;
+  }
+
+  // AttemptHandle::resolve. Sets `ended` when the handle has ended.
+  std::optional<Result<std::string>> resolve(const std::shared_ptr<InFlight>& held,
+                                             std::string&& bytes, bool& ended) {
+    InFlight& owner = *held;
+    // A fenced write on the store's own connection: it waits for the caller's transaction
+    // if that still holds the record, then sees what it left. Done: IN_PROGRESS with this
+    // token, so the caller's transaction did not commit (and the lease is extended).
+    const ExtendResult extended = guarded(
+        [&] { return store_->extend(owner.scope(), owner.key(), owner.token(), owner.lease()); },
+        owner.record());
+    if (extended.done()) {
+      if (!hold_again(held)) ended = true;
+      return std::nullopt;
+    }
+    switch (read_back(owner)) {
+      case ReadBack::kRecorded:
+        ended = true;
+        return committed(owner, std::move(bytes));
+      case ReadBack::kNotOurs: {
+        ended = true;
+        Uncount uncount{owner.counted};
+        heartbeat_.remove(owner);
+        owner.in_caller_tx.store(false, std::memory_order_relaxed);
+        const std::string why = fenced_reason(owner);
+        if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
+        finish(owner, OwnerState::kGone, nullptr);
+        throw LeaseLost(owner.token(), why, owner.record());
+      }
+      case ReadBack::kStillOurs:
+      case ReadBack::kUnknown:
+        break;
+    }
+    throw StoreUnavailable(store_->describe(),
+                           "could not tell whether the transaction that holds the result "
+                           "committed; call resolve() again",
+                           owner.record());
+  }
+
+  // Executor::run_in_open_transaction, first half: the acquire in the caller's transaction.
+  Result<std::string> begin_in_open_transaction(const SqlConnection& conn,
+                                                std::string_view scope, std::string_view key,
+                                                const OpenTransactionOptions& o,
+                                                std::optional<Attempt>& attempt) {
+    TransactionalStore& tx = transactional();
+    if (closing()) throw shut_down_error();
+    const RecordRef record{scope, key};
+    const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
+    const Duration lease = o.lease.value_or(options_.lease);
+    const Duration ttl = o.ttl.value_or(options_.ttl);
+    const std::optional<std::string_view> fingerprint =
+        o.fingerprint ? std::optional<std::string_view>(*o.fingerprint) : std::nullopt;
+    AcquireResult acquired = guarded(
+        [&] { return tx.acquire_in(conn, scope, key, lease, ttl, fingerprint, o.nowait); },
+        record);
+    if (auto* a = std::get_if<Acquired>(&acquired)) {
+      attempt.emplace(a->lease.token, a->lease.attempt, a->stolen, std::stop_token{});
+      if (events_ && a->stolen) emit(EventKind::kStolen, record, a->lease.token, a->lease.attempt, started);
+      return {};
+    }
+    if (auto* busy = std::get_if<Busy>(&acquired)) {
+      check_fingerprint(busy->fingerprint, o.fingerprint, record);
+      if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+      throw InProgress(busy->lease_expires_at, busy->lease_remaining, record);
+    }
+    Replay& replay = std::get<Replay>(acquired);
+    check_fingerprint(replay.fingerprint, o.fingerprint, record);
+    if (events_) emit(EventKind::kReplayed, record, 0, 0, started);
     Result<std::string> r;
-    r.token = owner.token();
-    r.attempt = owner.attempt.number();
-    r.stolen = owner.attempt.stolen();
-    r.value = std::move(bytes);
+    r.replayed = true;
+    r.completed_at = replay.completed_at;
+    r.expires_at = replay.expires_at;
+    r.value = std::move(replay.payload);
     return r;
+  }
+
+  // Executor::run_in_open_transaction, second half: the complete in the same transaction.
+  Result<std::string> complete_in_open_transaction(const SqlConnection& conn,
+                                                   std::string_view scope, std::string_view key,
+                                                   const Attempt& attempt, std::string&& bytes,
+                                                   const OpenTransactionOptions& o) {
+    TransactionalStore& tx = transactional();
+    const RecordRef record{scope, key};
+    const std::size_t limit = options_.max_payload;
+    // Nothing to release: the caller's rollback takes the record away.
+    if (bytes.size() > limit) throw PayloadTooLarge(bytes.size(), limit, record);
+    const Duration ttl = o.ttl.value_or(options_.ttl);
+    const WriteResult written = guarded(
+        [&] { return tx.complete_in(conn, scope, key, attempt.token(), bytes, ttl); }, record);
+    if (written == WriteResult::kFenced) {
+      // The caller's transaction holds the record it wrote; only that transaction itself
+      // can have changed it since.
+      throw LeaseLost(attempt.token(),
+                      "the record written IN_PROGRESS in this transaction was changed or "
+                      "deleted by the same transaction before the complete; roll back",
+                      record);
+    }
+    if (events_) emit(EventKind::kRan, record, attempt.token(), attempt.number(), SteadyClock::now());
+    return fresh_result(attempt.token(), attempt.number(), attempt.stolen(), std::move(bytes));
   }
 
   // Ends an owner by giving the key up (AttemptHandle::release, or its destructor). SPEC
@@ -858,6 +1057,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     for (const auto& owner : snapshot()) {
       if (!owner->owner()) continue;
       owner->request_stop();
+      // SPEC §14: its result is written on a caller's transaction, which decides; a release
+      // would only wait for that transaction's row lock.
+      if (owner->in_caller_tx.load(std::memory_order_seq_cst)) continue;
       if (!heartbeat_.remove(*owner)) continue;  // ending on its own thread right now
       release_quietly(*owner);
       if (events_) emit_for(EventKind::kReleased, *owner, owner->started);
@@ -895,6 +1097,8 @@ AttemptCore& AttemptCore::operator=(AttemptCore&& other) noexcept {
     state_ = std::move(other.state_);
     keep_alive_ = std::move(other.keep_alive_);
     ended_ = other.ended_;
+    completing_ = other.completing_;
+    pending_ = std::move(other.pending_);
   }
   return *this;
 }
@@ -918,6 +1122,10 @@ std::string_view AttemptCore::key() const {
 
 void AttemptCore::release() noexcept {
   if (state_ == nullptr || ended_) return;
+  if (completing_) {
+    abandon();
+    return;
+  }
   ended_ = true;
   state_->exec->release(*state_);
 }
@@ -925,6 +1133,8 @@ void AttemptCore::release() noexcept {
 void AttemptCore::abandon() noexcept {
   if (state_ == nullptr || ended_) return;
   ended_ = true;
+  completing_ = false;
+  state_->in_caller_tx.store(false, std::memory_order_relaxed);
   state_->exec->abandon(*state_);
 }
 
@@ -934,6 +1144,64 @@ Result<std::string> AttemptCore::complete_bytes(std::string bytes) {
   // Whatever complete does, it ends the lease.
   ended_ = true;
   return state_->exec->complete(*state_, std::move(bytes));
+}
+
+void AttemptCore::complete_in_bytes(const SqlConnection& conn, std::string bytes) {
+  (void)attempt();  // throws on an empty handle
+  if (ended_) throw std::logic_error("idem::AttemptHandle: the handle has already ended");
+  if (completing_) {
+    throw std::logic_error(
+        "idem::AttemptHandle: complete_in() was called already; report its commit first");
+  }
+  bool ended = false;
+  try {
+    state_->exec->complete_in(state_, conn, bytes, ended);
+  } catch (...) {
+    ended_ = ended;
+    throw;
+  }
+  completing_ = true;
+  pending_ = std::move(bytes);
+}
+
+namespace {
+[[noreturn]] void not_completing() {
+  throw std::logic_error(
+      "idem::AttemptHandle: no complete_in() waits for a commit on this handle");
+}
+}  // namespace
+
+Result<std::string> AttemptCore::committed_bytes() {
+  if (!completing()) not_completing();
+  ended_ = true;
+  completing_ = false;
+  return state_->exec->committed(*state_, std::move(pending_));
+}
+
+void AttemptCore::rolled_back() {
+  if (!completing()) not_completing();
+  completing_ = false;
+  pending_.clear();
+  if (!state_->exec->hold_again(state_)) ended_ = true;
+}
+
+std::optional<Result<std::string>> AttemptCore::resolve_bytes() {
+  if (!completing()) not_completing();
+  bool ended = false;
+  std::optional<Result<std::string>> out;
+  try {
+    out = state_->exec->resolve(state_, std::string(pending_), ended);
+  } catch (...) {
+    if (ended) {
+      ended_ = true;
+      completing_ = false;
+    }
+    throw;
+  }
+  completing_ = false;
+  pending_.clear();
+  ended_ = ended;
+  return out;
 }
 
 void throw_decode_failed(std::string bytes, RecordRef record) {
@@ -1023,6 +1291,28 @@ namespace {
   throw std::logic_error("idem::Executor: used after it was moved from");
 }
 }  // namespace
+
+TransactionalStore& Executor::transactional_store() const {
+  if (!impl_) throw ShutDown("the executor was moved from");
+  return impl_->transactional();
+}
+
+Result<std::string> Executor::begin_in_open_transaction(const SqlConnection& conn,
+                                                        std::string_view scope,
+                                                        std::string_view key,
+                                                        const OpenTransactionOptions& options,
+                                                        std::optional<Attempt>& attempt) {
+  if (!impl_) throw ShutDown("the executor was moved from");
+  return impl_->begin_in_open_transaction(conn, scope, key, options, attempt);
+}
+
+Result<std::string> Executor::complete_in_open_transaction(
+    const SqlConnection& conn, std::string_view scope, std::string_view key,
+    const Attempt& attempt, std::string bytes, const OpenTransactionOptions& options) {
+  if (!impl_) throw ShutDown("the executor was moved from");
+  return impl_->complete_in_open_transaction(conn, scope, key, attempt, std::move(bytes),
+                                             options);
+}
 
 Store& Executor::store() const {
   if (!impl_) moved_from();

@@ -128,6 +128,50 @@ bool Heartbeat::remove(HeartbeatLease& lease) noexcept {
   return true;
 }
 
+bool Heartbeat::suspend(HeartbeatLease& lease) noexcept {
+  Item taken{};
+  {
+    std::lock_guard lock(mu_);
+    if (lease.removed_.load(std::memory_order_relaxed) ||
+        lease.suspended_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    lease.suspended_.store(true, std::memory_order_release);
+    // As remove(): one being extended is dropped from the schedule when its call returns.
+    if (lease.slot_ < heap_.size()) taken = take(lease.slot_);
+  }
+  return true;
+}
+
+bool Heartbeat::resume(const std::shared_ptr<HeartbeatLease>& held) {
+  HeartbeatLease& lease = *held;
+  bool wake = false;
+  {
+    std::lock_guard lock(mu_);
+    if (lease.removed_.load(std::memory_order_relaxed) ||
+        !lease.suspended_.load(std::memory_order_relaxed)) {
+      return false;
+    }
+    lease.suspended_.store(false, std::memory_order_release);
+    // A lease still being extended goes back on the schedule when its call returns (the
+    // thread sees it no longer suspended); one off the schedule is put back, due now.
+    if (lease.slot_ == HeartbeatLease::kOff) {
+      const auto due = SteadyClock::now();
+      push(Item{due, held});
+      wake = due < wake_at_;
+      if (wake) wake_at_ = due;
+    }
+  }
+  if (wake) cv_.notify_one();
+  return true;
+}
+
+bool Heartbeat::scheduled(const HeartbeatLease& lease) const noexcept {
+  std::lock_guard lock(mu_);
+  return !lease.removed_.load(std::memory_order_relaxed) &&
+         !lease.suspended_.load(std::memory_order_relaxed);
+}
+
 void Heartbeat::place(std::size_t slot, Item item) noexcept {
   item.lease->slot_ = slot;
   heap_[slot] = std::move(item);
@@ -210,7 +254,7 @@ void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& reque
   sent_for.clear();
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const HeartbeatLease& lease = *batch[i].lease;
-    if (lease.removed_.load(std::memory_order_acquire)) continue;
+    if (lease.off_schedule()) continue;
     requests.push_back(ExtendRequest{lease.scope(), lease.key(), lease.token_, lease.lease_});
     sent_for.push_back(i);
   }
@@ -242,7 +286,7 @@ void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& reque
   for (std::size_t n = 0; n < sent_for.size(); ++n) {
     Item& item = batch[sent_for[n]];
     HeartbeatLease& lease = *item.lease;
-    if (lease.removed_.load(std::memory_order_acquire)) continue;
+    if (lease.off_schedule()) continue;
     const ExtendResult& r = results[n];
     if (!r.done()) {
       // Fenced: somebody stole or deleted the record; the action should stop.
@@ -264,7 +308,7 @@ void Heartbeat::beat(std::vector<Item>& batch, std::vector<ExtendRequest>& reque
 
 void Heartbeat::retry_after_error(Item& item) {
   HeartbeatLease& lease = *item.lease;
-  if (lease.removed_.load(std::memory_order_acquire)) return;
+  if (lease.off_schedule()) return;
   // SPEC §6: extends that keep failing until the local deadline has passed lose the lease.
   const auto now = SteadyClock::now();
   const auto deadline = lease.local_deadline();
@@ -316,7 +360,7 @@ void Heartbeat::loop() {
     bool dropped = false;
     for (Item& item : batch) {
       HeartbeatLease& lease = *item.lease;
-      if (lease.removed_.load(std::memory_order_acquire) || lease.lost()) {
+      if (lease.off_schedule() || lease.lost()) {
         lease.slot_ = HeartbeatLease::kOff;
         dropped = true;
         continue;

@@ -87,12 +87,19 @@ class HeartbeatLease {
   Duration interval_;
   // Marks the lease lost, then requests its stop token.
   void lose() noexcept;
+  // Removed or suspended: not to be extended, and an extend's outcome is ignored.
+  bool off_schedule() const noexcept {
+    return removed_.load(std::memory_order_acquire) || suspended_.load(std::memory_order_acquire);
+  }
 
   std::stop_source stop_;
   std::atomic<bool> lost_{false};
   // Set once by Heartbeat::remove (under the heartbeat's lock); a lease being extended when
   // it is removed is dropped by the thread when the store call returns.
   std::atomic<bool> removed_{false};
+  // Set by Heartbeat::suspend and cleared by resume (under the heartbeat's lock): the lease
+  // stays counted but is not extended, and the outcome of an extend in flight is ignored.
+  std::atomic<bool> suspended_{false};
   // Where the heartbeat holds the lease: its slot in the heap, or one of the two values
   // below. Guarded by the heartbeat's lock.
   static constexpr std::size_t kOff = static_cast<std::size_t>(-1);
@@ -122,10 +129,21 @@ class Heartbeat {
   // Starts keeping `lease` alive; its first extend is due one interval from now. Starts
   // the thread on first use.
   void add(std::shared_ptr<HeartbeatLease> lease);
+  // Whether `lease` is extended now: added, and neither removed nor suspended.
+  bool scheduled(const HeartbeatLease& lease) const noexcept;
   // Stops keeping `lease` alive. Never blocks on the store: an extend in flight for this
   // or any other lease finishes on its own and its outcome is ignored. Idempotent: returns
   // whether this call removed it (false when it had been removed already).
   bool remove(HeartbeatLease& lease) noexcept;
+  // Stops extending `lease` for a while without removing it (SPEC §14: its complete was
+  // written on a caller's transaction that holds the record, and an extend would wait for
+  // that transaction and then find the record COMPLETE). Never blocks on the store: an
+  // extend in flight finishes on its own and its outcome is ignored. Returns false when the
+  // lease was removed already (or is suspended).
+  bool suspend(HeartbeatLease& lease) noexcept;
+  // Extends a suspended lease again, the first extend at once. Returns false when it was
+  // removed meanwhile (or was not suspended).
+  bool resume(const std::shared_ptr<HeartbeatLease>& lease);
   // Leases added and not yet removed (lost ones included until they are removed).
   std::size_t active() const noexcept { return active_.load(std::memory_order_relaxed); }
   // Whether the thread was started (for tests).

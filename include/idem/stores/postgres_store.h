@@ -14,6 +14,7 @@
 #include <string>
 
 #include "idem/store.h"
+#include "idem/transaction.h"
 
 namespace idem {
 
@@ -93,7 +94,9 @@ struct PostgresStoreOptions {
   bool check_server = true;
 };
 
-class PostgresStore final : public Store {
+// Also a TransactionalStore (SPEC §14): a caller's PGconn* on the same database can hold the
+// records' writes in its own transaction (not for a read-only store).
+class PostgresStore final : public Store, public TransactionalStore {
  public:
   // Connects once, checks the server (PostgreSQL, not a hot standby unless read_only) and
   // the table (creating it when missing, under an advisory lock, so processes starting
@@ -106,6 +109,7 @@ class PostgresStore final : public Store {
   // "postgresql://user@host:port/db", never with a password; "?table=..." when not the
   // default table; " (read-only hot standby: ...)" when opened on a standby.
   std::string describe() const override;
+  TransactionalStore* transactions() noexcept override;
 
  protected:
   AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
@@ -119,6 +123,17 @@ class PostgresStore final : public Store {
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;
+
+  WriteResult do_complete_in(const SqlConnection& conn, std::string_view scope,
+                             std::string_view key, Token token, std::string_view payload,
+                             Duration ttl) override;
+  AcquireResult do_acquire_in(const SqlConnection& conn, std::string_view scope,
+                              std::string_view key, Duration lease, Duration ttl,
+                              std::optional<std::string_view> fingerprint, bool nowait) override;
+  void do_begin(const SqlConnection& conn) override;
+  void do_commit(const SqlConnection& conn) override;
+  void do_rollback(const SqlConnection& conn) noexcept override;
+  SqlConnection::Kind connection_kind() const noexcept override;
 
  private:
   struct Impl;

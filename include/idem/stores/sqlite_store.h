@@ -12,6 +12,7 @@
 
 #include "idem/clock.h"
 #include "idem/store.h"
+#include "idem/transaction.h"
 
 namespace idem {
 
@@ -51,7 +52,9 @@ struct SqliteWriteStats {
   std::size_t queued = 0;          // writes waiting for the next one
 };
 
-class SqliteStore final : public Store {
+// Also a TransactionalStore (SPEC §14): a caller's sqlite3* on the same file can hold the
+// records' writes in its own transaction (not for a read-only store).
+class SqliteStore final : public Store, public TransactionalStore {
  public:
   // Opens (creating if needed and allowed) the database. Throws StoreUnavailable naming the
   // file and the cause when it cannot be opened, does not exist and may not be created, is
@@ -60,6 +63,7 @@ class SqliteStore final : public Store {
   ~SqliteStore() override;
 
   std::string describe() const override;
+  TransactionalStore* transactions() noexcept override;
 
   // A snapshot of the group commit's counters, for metrics: operations / transactions is
   // the mean batch size.
@@ -78,6 +82,17 @@ class SqliteStore final : public Store {
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;
+
+  WriteResult do_complete_in(const SqlConnection& conn, std::string_view scope,
+                             std::string_view key, Token token, std::string_view payload,
+                             Duration ttl) override;
+  AcquireResult do_acquire_in(const SqlConnection& conn, std::string_view scope,
+                              std::string_view key, Duration lease, Duration ttl,
+                              std::optional<std::string_view> fingerprint, bool nowait) override;
+  void do_begin(const SqlConnection& conn) override;
+  void do_commit(const SqlConnection& conn) override;
+  void do_rollback(const SqlConnection& conn) noexcept override;
+  SqlConnection::Kind connection_kind() const noexcept override;
 
  private:
   struct Impl;

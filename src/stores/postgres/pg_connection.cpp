@@ -702,3 +702,30 @@ Result Connection::run(const std::vector<Step>& steps, std::size_t result_of, De
 }
 
 }  // namespace idem::postgres
+
+namespace idem::postgres {
+
+Result run_on_caller(PGconn* conn, const std::string& text, const Params* params,
+                     const std::vector<Oid>& types, const std::string& store) {
+  PGresult* raw = nullptr;
+  if (params == nullptr) {
+    raw = PQexec(conn, text.c_str());
+  } else {
+    raw = PQexecParams(conn, text.c_str(), params->size(), types.empty() ? nullptr : types.data(),
+                       params->values(), params->lengths(), params->formats(),
+                       /*resultFormat=*/1);
+  }
+  Result r(raw);
+  const ExecStatusType status = raw == nullptr ? PGRES_FATAL_ERROR : PQresultStatus(raw);
+  if (status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK) return r;
+  const char* state = raw == nullptr ? nullptr : PQresultErrorField(raw, PG_DIAG_SQLSTATE);
+  std::string message = raw == nullptr ? "" : PQresultErrorMessage(raw);
+  if (message.empty()) message = PQerrorMessage(conn);
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  const bool lost = PQstatus(conn) == CONNECTION_BAD;
+  const std::string sqlstate = state != nullptr ? state : (lost ? "08006" : "");
+  throw PgError(store, "on the caller's connection: " + statement_failure_reason(sqlstate, message),
+                sqlstate);
+}
+
+}  // namespace idem::postgres

@@ -82,6 +82,7 @@ class Result {
   // A timestamptz in milliseconds since the Unix epoch (rounded down).
   Timestamp time(int row, int col) const;
   std::string text(int row, int col) const;
+  PGresult* raw() const noexcept { return r_.get(); }
 
  private:
   struct Clear {
@@ -228,6 +229,13 @@ class Connection {
   bool cancel_on_close_ = false;   // a statement may still run on the server: cancel it
   std::unordered_set<std::string> prepared_;  // names this session has (own_session only)
 };
+
+// Runs one statement, binary parameters and results, on a caller's connection (SPEC §14):
+// blocking, under the caller's own timeouts, inside whatever transaction it has open.
+// `sql` null with params null runs `text` as a simple query. Throws PgError naming `store`
+// (not_executed is never claimed: the caller's transaction decides what survives).
+Result run_on_caller(PGconn* conn, const std::string& text, const Params* params,
+                     const std::vector<Oid>& types, const std::string& store);
 
 // The cause of a failed connection attempt, from libpq's message: "connection refused",
 // "authentication failed", "database does not exist", ... followed by libpq's own words.

@@ -97,6 +97,32 @@ SELECT {cols}, {now}, 0::smallint FROM won
 UNION ALL
 SELECT {cols}, {now}, 1::smallint FROM live)sql");
 
+  acquire_nowait = sql(R"sql(
+WITH cur AS MATERIALIZED (
+  SELECT {cols} FROM {t} WHERE scope = $1 AND key = $2),
+live AS MATERIALIZED (
+  SELECT * FROM cur WHERE {live}),
+turn AS MATERIALIZED (
+  SELECT pg_try_advisory_xact_lock($6) AS got WHERE NOT EXISTS (SELECT 1 FROM live)),
+drawn AS MATERIALIZED (
+  SELECT nextval('{seq}') AS token FROM turn WHERE got),
+won AS (
+  INSERT INTO {t} AS r (scope, key, state, token, attempt, acquired_at, lease_expires_at,
+                        completed_at, expires_at, purge_after, fingerprint, payload)
+  SELECT $1, $2, 0, token, 1, {now}, {now} + $3 {ms}, NULL, {now} + $4 {ms},
+         {now} + greatest($3, $4) {ms}, $5, NULL
+  FROM drawn
+{take_over}
+  RETURNING r.state, r.token, r.attempt, r.acquired_at, r.lease_expires_at, r.completed_at,
+            r.expires_at, r.fingerprint, r.payload)
+SELECT {cols}, {now}, 0::smallint FROM won
+UNION ALL
+SELECT {cols}, {now}, 1::smallint FROM live
+UNION ALL
+SELECT NULL::smallint, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::timestamptz,
+       NULL::timestamptz, NULL::timestamptz, NULL::bytea, NULL::bytea, {now}, 2::smallint
+FROM turn WHERE NOT got)sql");
+
   select_many = sql(R"sql(
 SELECT t.state, t.token, t.attempt, t.acquired_at, t.lease_expires_at, t.completed_at,
        t.expires_at, t.fingerprint, t.payload, {now}, q.i

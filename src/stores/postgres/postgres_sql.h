@@ -61,6 +61,9 @@ inline constexpr int kStateInProgress = 0;
 inline constexpr int kStateComplete = 1;
 inline constexpr int kOutcomeWon = 0;
 inline constexpr int kOutcomeLive = 1;
+// acquire_nowait only: another open transaction holds the key's lock (every column but
+// kColNow and kColOutcome is NULL).
+inline constexpr int kOutcomeLocked = 2;
 
 // The statements, with the table's names filled in. Parameters are binary: scope and key
 // bytea, tokens and durations (milliseconds) int8.
@@ -74,6 +77,10 @@ struct Sql {
   // stealable (outcome 0, the new record), or returns the live record untouched (outcome 1).
   // No row: another caller wrote a live record meanwhile; run it again.
   std::string acquire;
+  // acquire for a caller's open transaction that must not wait (SPEC §14): when another
+  // transaction holds the key's advisory lock (a one-transaction caller writing the key),
+  // one row with outcome kOutcomeLocked instead of waiting for it.
+  std::string acquire_nowait;
   // $1 scope, $2 key, $3 token, $4 payload, $5 ttl ms. Affects one row when done.
   std::string complete;
   // $1 scope, $2 key, $3 token: a row when the record is COMPLETE by that token.

@@ -285,7 +285,8 @@ struct Statements {
         begin(table, std::string("BEGIN ISOLATION LEVEL READ COMMITTED") +
                          (o.read_only ? " READ ONLY" : "")),
         commit(table, "COMMIT"),
-        settings(table, postgres::transaction_settings(o.timeout, o.asynchronous_commit)) {}
+        settings(table, postgres::transaction_settings(o.timeout, o.asynchronous_commit)),
+        acquire_nowait(table, sql.acquire_nowait, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}) {}
 
   static constexpr Oid kBytea = postgres::kByteaOid;
   static constexpr Oid kInt8 = postgres::kInt8Oid;
@@ -294,6 +295,8 @@ struct Statements {
   Statement select_record, acquire, complete, completed_by, release, extend, extend_many, purge,
       forget, select_many, acquire_many, complete_many;
   Statement begin, commit, settings;
+  // Only on a caller's connection (SPEC §14).
+  Statement acquire_nowait;
 };
 
 // Whether a statement only reads (one snapshot, nothing to commit) or may write.
@@ -861,6 +864,128 @@ bool PostgresStore::do_forget(std::string_view scope, std::string_view key) {
     return s.run(c, s.st->forget, Params().bytes(scope).bytes(key), Access::kWrite, deadline)
                .affected() > 0;
   });
+}
+
+// --- SPEC §14: the caller's transaction ---------------------------------------------------
+
+namespace {
+
+// A caller's connection the store may write on: inside a healthy transaction.
+void check_caller(PGconn* conn, const std::string& store) {
+  switch (PQtransactionStatus(conn)) {
+    case PQTRANS_INTRANS:
+      return;
+    case PQTRANS_IDLE:
+      throw InvalidArgument("connection",
+                            "is not inside a transaction: BEGIN on it first, so that the record "
+                            "commits with your writes");
+    case PQTRANS_INERROR:
+      throw InvalidArgument("connection",
+                            "is inside a transaction that has failed already: roll it back");
+    case PQTRANS_ACTIVE:
+      throw InvalidArgument("connection", "is busy with another query");
+    case PQTRANS_UNKNOWN:
+      break;
+  }
+  throw StoreUnavailable(store, "the caller's connection is broken: " +
+                                    std::string(PQerrorMessage(conn)));
+}
+
+}  // namespace
+
+TransactionalStore* PostgresStore::transactions() noexcept {
+  return impl_->options.read_only ? nullptr : this;
+}
+
+SqlConnection::Kind PostgresStore::connection_kind() const noexcept {
+  return SqlConnection::Kind::kPostgres;
+}
+
+WriteResult PostgresStore::do_complete_in(const SqlConnection& conn, std::string_view scope,
+                                          std::string_view key, Token token,
+                                          std::string_view payload, Duration ttl) {
+  Impl& s = *impl_;
+  PGconn* pg = conn.pg();
+  check_caller(pg, s.describe);
+  Params p;
+  p.bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)).bytes(payload).int8(ttl.count());
+  if (postgres::run_on_caller(pg, s.st->complete.sql, &p, s.st->complete.types, s.describe)
+          .affected() > 0) {
+    return WriteResult::kDone;
+  }
+  // SPEC §4: a complete repeated with the token that completed the record is done.
+  Params q;
+  q.bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token));
+  return postgres::run_on_caller(pg, s.st->completed_by.sql, &q, s.st->completed_by.types,
+                                 s.describe)
+                     .rows() > 0
+             ? WriteResult::kDone
+             : WriteResult::kFenced;
+}
+
+AcquireResult PostgresStore::do_acquire_in(const SqlConnection& conn, std::string_view scope,
+                                           std::string_view key, Duration lease, Duration ttl,
+                                           std::optional<std::string_view> fingerprint,
+                                           bool nowait) {
+  Impl& s = *impl_;
+  PGconn* pg = conn.pg();
+  check_caller(pg, s.describe);
+  const Statement& statement = nowait ? s.st->acquire_nowait : s.st->acquire;
+  for (int round = 0; round < kMaxAcquireRounds; ++round) {
+    Params p;
+    p.bytes(scope).bytes(key).int8(lease.count()).int8(ttl.count());
+    if (fingerprint) {
+      p.bytes(*fingerprint);
+    } else {
+      p.null();
+    }
+    p.int8(s.lock_id(scope, key));
+    const Result r = postgres::run_on_caller(pg, statement.sql, &p, statement.types, s.describe);
+    if (r.rows() == 0) continue;  // another transaction made the record live: run it again
+    if (r.int2(0, postgres::kColOutcome) == postgres::kOutcomeLocked) {
+      // Another open transaction writes the key; its outcome is not known yet.
+      return Busy{r.time(0, postgres::kColNow), Duration{0}, std::nullopt};
+    }
+    Row row = row_of(r, 0, /*with_outcome=*/true);
+    if (row.outcome == postgres::kOutcomeLive) {
+      if (std::optional<AcquireResult> answer = live_answer(row)) return std::move(*answer);
+      continue;
+    }
+    return Acquired{Lease{row.token, row.acquired_at, row.lease_expires_at, row.expires_at,
+                          row.lease_expires_at - row.now, row.attempt},
+                    /*stolen=*/row.attempt > 1};
+  }
+  throw StoreUnavailable(s.describe, "acquire found the record changed by other transactions " +
+                                         std::to_string(kMaxAcquireRounds) + " times in a row");
+}
+
+void PostgresStore::do_begin(const SqlConnection& conn) {
+  PGconn* pg = conn.pg();
+  if (PQtransactionStatus(pg) != PQTRANS_IDLE) {
+    if (PQtransactionStatus(pg) == PQTRANS_UNKNOWN) check_caller(pg, impl_->describe);
+    throw InvalidArgument("connection", "is inside a transaction already; run_in_transaction "
+                                        "begins and commits its own");
+  }
+  (void)postgres::run_on_caller(pg, "BEGIN", nullptr, {}, impl_->describe);
+}
+
+void PostgresStore::do_commit(const SqlConnection& conn) {
+  PGconn* pg = conn.pg();
+  const Result r = postgres::run_on_caller(pg, "COMMIT", nullptr, {}, impl_->describe);
+  // A transaction that had failed answers COMMIT with ROLLBACK.
+  if (PQtransactionStatus(pg) == PQTRANS_IDLE && std::string_view(PQcmdStatus(r.raw())) == "COMMIT") {
+    return;
+  }
+  do_rollback(conn);
+  throw StoreUnavailable(impl_->describe,
+                         "the caller's transaction had failed and was rolled back at COMMIT");
+}
+
+void PostgresStore::do_rollback(const SqlConnection& conn) noexcept {
+  PGconn* pg = conn.pg();
+  const PGTransactionStatusType status = PQtransactionStatus(pg);
+  if (status != PQTRANS_INTRANS && status != PQTRANS_INERROR) return;
+  PQclear(PQexec(pg, "ROLLBACK"));
 }
 
 namespace detail {

@@ -60,6 +60,9 @@ Connection::Connection(const std::string& path, std::string store, Duration busy
   }
 }
 
+Connection::Connection(sqlite3* borrowed, std::string store)
+    : store_(std::move(store)), busy_timeout_(0), db_(borrowed, DbCloser{.owned = false}) {}
+
 void Connection::open(const char* name, int flags) {
   sqlite3* raw = nullptr;
   const int rc = sqlite3_open_v2(name, &raw, flags, nullptr);

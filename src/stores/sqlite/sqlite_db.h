@@ -19,7 +19,11 @@
 namespace idem::sqlite {
 
 struct DbCloser {
-  void operator()(sqlite3* db) const noexcept { sqlite3_close_v2(db); }
+  // False for a caller's connection that the store only borrows (SPEC §14).
+  bool owned = true;
+  void operator()(sqlite3* db) const noexcept {
+    if (owned) sqlite3_close_v2(db);
+  }
 };
 struct StmtFinalizer {
   void operator()(sqlite3_stmt* stmt) const noexcept { sqlite3_finalize(stmt); }
@@ -52,6 +56,9 @@ class Connection {
   // other connection is open) reads the file as it is on disk (SQLite's immutable mode).
   Connection(const std::string& path, std::string store, Duration busy_timeout,
              OpenMode mode = OpenMode::kCreate);
+  // A caller's open connection (SPEC §14), used as it is: never closed, and its own busy
+  // handler or timeout is left alone.
+  Connection(sqlite3* borrowed, std::string store);
   // The busy handler keeps a pointer to the connection.
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;

@@ -313,7 +313,9 @@ struct WriteOp : QueuedWrite {
 // Absent, expired or stealable when read before queueing: decide again under the write
 // lock, since another process, or an earlier write of this batch, may have written the
 // record since the read.
-AcquireResult acquire_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
+// (A template: the same steps run on a pooled connection and on a caller's, SPEC §14.)
+template <typename C>
+AcquireResult acquire_locked(C& c, const WriteOp& op, Timestamp now) {
   Judgement j;
   {
     Query q(c.conn, c.select_record);
@@ -350,7 +352,8 @@ AcquireResult acquire_locked(PooledConnection& c, const WriteOp& op, Timestamp n
   return Acquired{Lease{token, now, lease_expires_at, expires_at, op.lease, j.attempt}, j.stolen};
 }
 
-WriteResult complete_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
+template <typename C>
+WriteResult complete_locked(C& c, const WriteOp& op, Timestamp now) {
   const auto tok = static_cast<std::int64_t>(op.token);
   int changed = 0;
   {
@@ -793,6 +796,116 @@ bool SqliteStore::do_forget(std::string_view scope, std::string_view key) {
   op.key = key;
   impl_->write(op);
   return op.deleted > 0;
+}
+
+// --- SPEC §14: the caller's transaction ---------------------------------------------------
+
+namespace {
+
+// The statements one operation on a caller's connection needs, prepared on it for that call
+// (a caller's connection may close at any time after, so nothing is cached on it).
+struct CallerStatements {
+  Connection conn;
+  Statement select_record, next_token, write_lease, complete, completed_by;
+  CallerStatements(sqlite3* db, const std::string& store) : conn(db, store) {}
+};
+
+// The same file, whatever path each was opened by.
+bool same_file(const std::string& a, const char* b) {
+  if (b == nullptr || *b == '\0') return false;  // a temporary or in-memory database
+  std::error_code ec;
+  const bool same = std::filesystem::equivalent(a, b, ec);
+  return !ec && same;
+}
+
+}  // namespace
+
+TransactionalStore* SqliteStore::transactions() noexcept {
+  return impl_->mode == OpenMode::kReadOnly ? nullptr : this;
+}
+
+SqlConnection::Kind SqliteStore::connection_kind() const noexcept {
+  return SqlConnection::Kind::kSqlite;
+}
+
+namespace {
+
+// A connection the store may write on: inside a transaction, on the store's own file.
+void check_caller(sqlite3* db, const std::string& path, bool in_transaction) {
+  if (!same_file(path, sqlite3_db_filename(db, "main"))) {
+    const char* theirs = sqlite3_db_filename(db, "main");
+    throw InvalidArgument("connection", std::string("is on ") +
+                                            (theirs && *theirs ? theirs : "a temporary database") +
+                                            ", not on the store's file " + path);
+  }
+  if (in_transaction && sqlite3_get_autocommit(db) != 0) {
+    throw InvalidArgument("connection",
+                          "is not inside a transaction: BEGIN IMMEDIATE on it first, so that "
+                          "the record commits with your writes");
+  }
+}
+
+}  // namespace
+
+WriteResult SqliteStore::do_complete_in(const SqlConnection& conn, std::string_view scope,
+                                        std::string_view key, Token token,
+                                        std::string_view payload, Duration ttl) {
+  check_caller(conn.sqlite(), impl_->path, true);
+  CallerStatements c(conn.sqlite(), impl_->describe);
+  c.complete = c.conn.prepare(kSqlComplete, "complete in the caller's transaction");
+  c.completed_by = c.conn.prepare(kSqlCompletedBy, "complete in the caller's transaction: check");
+  WriteOp op(WriteOp::Kind::kComplete);
+  op.scope = scope;
+  op.key = key;
+  op.token = token;
+  op.payload = payload;
+  op.ttl = ttl;
+  return complete_locked(c, op, impl_->now());
+}
+
+AcquireResult SqliteStore::do_acquire_in(const SqlConnection& conn, std::string_view scope,
+                                         std::string_view key, Duration lease, Duration ttl,
+                                         std::optional<std::string_view> fingerprint,
+                                         bool /*nowait: the caller's BEGIN IMMEDIATE waited*/) {
+  check_caller(conn.sqlite(), impl_->path, true);
+  CallerStatements c(conn.sqlite(), impl_->describe);
+  c.select_record = c.conn.prepare(kSqlSelectRecord, "acquire in the caller's transaction: read");
+  c.next_token = c.conn.prepare(kSqlNextToken, "acquire in the caller's transaction: token");
+  c.write_lease = c.conn.prepare(kSqlWriteLease, "acquire in the caller's transaction: write");
+  WriteOp op(WriteOp::Kind::kAcquire);
+  op.scope = scope;
+  op.key = key;
+  op.lease = lease;
+  op.ttl = ttl;
+  op.fingerprint = fingerprint;
+  return acquire_locked(c, op, impl_->now());
+}
+
+void SqliteStore::do_begin(const SqlConnection& conn) {
+  check_caller(conn.sqlite(), impl_->path, false);
+  const Connection c(conn.sqlite(), impl_->describe);
+  if (c.in_transaction()) {
+    throw InvalidArgument("connection", "is inside a transaction already; run_in_transaction "
+                                        "begins and commits its own");
+  }
+  c.exec("BEGIN IMMEDIATE", "cannot begin the caller's transaction");
+}
+
+void SqliteStore::do_commit(const SqlConnection& conn) {
+  const Connection c(conn.sqlite(), impl_->describe);
+  try {
+    c.exec("COMMIT", "cannot commit the caller's transaction");
+  } catch (...) {
+    // A COMMIT that failed with SQLITE_BUSY leaves the transaction open: end it, so that
+    // the outcome is known (rolled back).
+    if (c.in_transaction()) do_rollback(conn);
+    throw;
+  }
+}
+
+void SqliteStore::do_rollback(const SqlConnection& conn) noexcept {
+  if (sqlite3_get_autocommit(conn.sqlite()) != 0) return;
+  (void)sqlite3_exec(conn.sqlite(), "ROLLBACK", nullptr, nullptr, nullptr);
 }
 
 namespace detail {
