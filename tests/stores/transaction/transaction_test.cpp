@@ -1,0 +1,620 @@
+// SPEC §14: completion inside the caller's own transaction, on SQLite and (in the release
+// build, with the test server) PostgreSQL. Every test is one case per store: the caller's
+// connection is a real sqlite3* on the store's file, or a real PGconn* on the store's
+// database, and the caller's own writes go to an `effects` table beside idem's records.
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "idem/error.h"
+#include "idem/executor.h"
+#include "idem/store_wrapper.h"
+#include "idem/stores/memory_store.h"
+#include "idem/stores/sqlite_store.h"
+#include "idem/transaction.h"
+#include "support/eventually.h"
+
+#ifdef IDEM_TEST_WITH_POSTGRES
+#include <libpq-fe.h>
+
+#include "idem/stores/postgres_store.h"
+#include "stores/postgres/postgres_test_util.h"
+#endif
+
+namespace idem {
+namespace {
+
+using namespace std::chrono_literals;
+
+// One connection of the caller's, with what the tests do on it.
+class CallerConn {
+ public:
+  virtual ~CallerConn() = default;
+  virtual SqlConnection conn() = 0;
+  // Runs SQL; fails the test unless it succeeds.
+  virtual void exec(const std::string& sql) = 0;
+  // The first column of the first row, as an integer.
+  virtual long long count(const std::string& sql) = 0;
+  // The kind of BEGIN the caller uses for a write transaction.
+  virtual std::string begin_sql() const = 0;
+  void begin() { exec(begin_sql()); }
+  void commit() { exec("COMMIT"); }
+  void rollback() { exec("ROLLBACK"); }
+};
+
+// A database that holds the store's records and the caller's `effects` table.
+class Database {
+ public:
+  virtual ~Database() = default;
+  virtual std::shared_ptr<Store> store() = 0;
+  virtual std::unique_ptr<CallerConn> connect() = 0;
+  // The name of the caller's table in SQL.
+  virtual std::string effects() const = 0;
+};
+
+// --- SQLite ------------------------------------------------------------------------------
+
+class SqliteConn final : public CallerConn {
+ public:
+  explicit SqliteConn(const std::string& path) {
+    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
+    sqlite3_busy_timeout(db_, 10000);
+  }
+  ~SqliteConn() override { sqlite3_close_v2(db_); }
+  SqlConnection conn() override { return SqlConnection::sqlite(db_); }
+  void exec(const std::string& sql) override {
+    char* error = nullptr;
+    if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
+      ADD_FAILURE() << sql << ": " << (error ? error : "?");
+    }
+    sqlite3_free(error);
+  }
+  long long count(const std::string& sql) override {
+    sqlite3_stmt* st = nullptr;
+    long long n = -1;
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+      n = sqlite3_column_int64(st, 0);
+    } else {
+      ADD_FAILURE() << sql << ": " << sqlite3_errmsg(db_);
+    }
+    sqlite3_finalize(st);
+    return n;
+  }
+  std::string begin_sql() const override { return "BEGIN IMMEDIATE"; }
+  sqlite3* raw() const { return db_; }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+class SqliteDatabase final : public Database {
+ public:
+  SqliteDatabase() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("idem_tx_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "app.db").string();
+    store_ = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path_});
+    SqliteConn(path_).exec("CREATE TABLE effects (k TEXT NOT NULL, v TEXT)");
+  }
+  ~SqliteDatabase() override {
+    store_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::shared_ptr<Store> store() override { return store_; }
+  std::unique_ptr<CallerConn> connect() override { return std::make_unique<SqliteConn>(path_); }
+  std::string effects() const override { return "effects"; }
+  const std::string& path() const { return path_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  static inline std::atomic<int> counter_{0};
+  std::filesystem::path dir_;
+  std::string path_;
+  std::shared_ptr<Store> store_;
+};
+
+// --- PostgreSQL --------------------------------------------------------------------------
+
+#ifdef IDEM_TEST_WITH_POSTGRES
+class PgConn final : public CallerConn {
+ public:
+  explicit PgConn(const std::string& url) : conn_(PQconnectdb(url.c_str())) {
+    if (PQstatus(conn_) != CONNECTION_OK) ADD_FAILURE() << PQerrorMessage(conn_);
+  }
+  ~PgConn() override { PQfinish(conn_); }
+  SqlConnection conn() override { return SqlConnection::postgres(conn_); }
+  void exec(const std::string& sql) override {
+    PGresult* r = PQexec(conn_, sql.c_str());
+    const ExecStatusType s = PQresultStatus(r);
+    if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
+      ADD_FAILURE() << sql << ": " << PQerrorMessage(conn_);
+    }
+    PQclear(r);
+  }
+  long long count(const std::string& sql) override {
+    PGresult* r = PQexec(conn_, sql.c_str());
+    long long n = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0) {
+      n = std::stoll(PQgetvalue(r, 0, 0));
+    } else {
+      ADD_FAILURE() << sql << ": " << PQerrorMessage(conn_);
+    }
+    PQclear(r);
+    return n;
+  }
+  std::string begin_sql() const override { return "BEGIN"; }
+  PGconn* raw() const { return conn_; }
+
+ private:
+  PGconn* conn_;
+};
+
+class PgDatabase final : public Database {
+ public:
+  PgDatabase() : table_(testing::fresh_table("tx")), effects_(table_ + "_effects") {
+    store_ = std::make_shared<PostgresStore>(
+        PostgresStoreOptions{.conninfo = testing::postgres_url(), .table = table_});
+    PgConn(testing::postgres_url())
+        .exec("CREATE TABLE " + effects_ + " (k text NOT NULL, v text)");
+  }
+  ~PgDatabase() override {
+    store_.reset();
+    PgConn c(testing::postgres_url());
+    c.exec("DROP TABLE IF EXISTS " + effects_ + "; DROP TABLE IF EXISTS " + table_);
+  }
+  std::shared_ptr<Store> store() override { return store_; }
+  std::unique_ptr<CallerConn> connect() override {
+    return std::make_unique<PgConn>(testing::postgres_url());
+  }
+  std::string effects() const override { return effects_; }
+
+ private:
+  std::string table_;
+  std::string effects_;
+  std::shared_ptr<Store> store_;
+};
+#endif
+
+std::unique_ptr<Database> open_database(const std::string& kind) {
+#ifdef IDEM_TEST_WITH_POSTGRES
+  if (kind == "postgres") return std::make_unique<PgDatabase>();
+#endif
+  (void)kind;
+  return std::make_unique<SqliteDatabase>();
+}
+
+std::vector<std::string> kinds() {
+  std::vector<std::string> out = {"sqlite"};
+#ifdef IDEM_TEST_WITH_POSTGRES
+  out.push_back("postgres");
+#endif
+  return out;
+}
+
+class TransactionTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    db_ = open_database(GetParam());
+    caller_ = db_->connect();
+  }
+
+  ExecutorOptions options(Duration lease = 30s) {
+    ExecutorOptions o;
+    o.lease = lease;
+    return o;
+  }
+
+  std::string insert_effect(const std::string& key, const std::string& v = "x") {
+    return "INSERT INTO " + db_->effects() + " (k, v) VALUES ('" + key + "', '" + v + "')";
+  }
+  long long effects_of(const std::string& key) {
+    return db_->connect()->count("SELECT count(*) FROM " + db_->effects() + " WHERE k = '" +
+                                 key + "'");
+  }
+  std::optional<Record> record(std::string_view key) { return db_->store()->get("s", key); }
+
+  std::unique_ptr<Database> db_;
+  std::unique_ptr<CallerConn> caller_;
+};
+
+// Commit: the caller's effect and the COMPLETE record, together; waiters see the value.
+TEST_P(TransactionTest, CommitRecordsTheResultWithTheEffects) {
+  Executor exec(db_->store(), options());
+  auto begun = exec.begin("s", "k1");
+  ASSERT_EQ(begun.kind(), BeginKind::kAcquired);
+  AttemptHandle<>& h = *begun.handle();
+  const Token token = h.token();
+  caller_->begin();
+  caller_->exec(insert_effect("k1"));
+  h.complete_in(caller_->conn(), "the result");
+  EXPECT_TRUE(h.completing());
+  // Nothing is visible before the commit: the record is still IN_PROGRESS to others.
+  ASSERT_TRUE(record("k1"));
+  EXPECT_EQ(record("k1")->state, RecordState::kInProgress);
+  EXPECT_EQ(effects_of("k1"), 0);
+  caller_->commit();
+  Result<std::string> r = h.committed();
+  EXPECT_EQ(r.value, "the result");
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.token, token);
+  EXPECT_FALSE(h.active());
+  const auto rec = record("k1");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, RecordState::kComplete);
+  EXPECT_EQ(rec->token, token);
+  EXPECT_EQ(rec->payload, "the result");
+  EXPECT_EQ(effects_of("k1"), 1);
+  // A duplicate replays it.
+  auto again = exec.run("s", "k1", [](const Attempt&) -> std::string {
+    ADD_FAILURE() << "ran twice";
+    return "";
+  });
+  EXPECT_TRUE(again.replayed);
+  EXPECT_EQ(again.value, "the result");
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// Rollback: neither the effect nor the COMPLETE record; the lease is still ours and the
+// handle completes afterwards.
+TEST_P(TransactionTest, RollbackLeavesTheRecordInProgressUnderTheSameToken) {
+  Executor exec(db_->store(), options(3s));
+  auto begun = exec.begin<int>("s", "k2");
+  AttemptHandle<int>& h = *begun.handle();
+  const Token token = h.token();
+  caller_->begin();
+  caller_->exec(insert_effect("k2"));
+  h.complete_in(caller_->conn(), 7);
+  caller_->rollback();
+  h.rolled_back();
+  EXPECT_TRUE(h.active());
+  EXPECT_FALSE(h.completing());
+  auto rec = record("k2");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, RecordState::kInProgress);
+  EXPECT_EQ(rec->token, token);
+  EXPECT_EQ(effects_of("k2"), 0);
+  // The heartbeat extends the lease again, at once.
+  const Timestamp before = rec->lease_expires_at;
+  EXPECT_TRUE(testing::eventually([&] {
+    const auto now = record("k2");
+    return now && now->token == token && now->lease_expires_at > before;
+  }));
+  EXPECT_FALSE(h.lease_lost());
+  // A second try commits.
+  caller_->begin();
+  caller_->exec(insert_effect("k2"));
+  h.complete_in(caller_->conn(), 8);
+  caller_->commit();
+  EXPECT_EQ(h.committed().value, 8);
+  EXPECT_EQ(record("k2")->payload, "8");
+  EXPECT_EQ(effects_of("k2"), 1);
+}
+
+// A stale token: the write is fenced inside the transaction, before the caller commits.
+TEST_P(TransactionTest, AStaleTokenIsFencedBeforeTheCallerCommits) {
+  auto store = db_->store();
+  Executor exec(store, options());
+  auto begun = exec.begin("s", "k3");
+  AttemptHandle<>& h = *begun.handle();
+  // Another caller takes the key over behind the handle's back (an operator's forget, then
+  // a fresh acquire: a new token).
+  ASSERT_TRUE(store->forget("s", "k3"));
+  const AcquireResult thief = store->acquire("s", "k3", 30s, 1h);
+  ASSERT_TRUE(std::holds_alternative<Acquired>(thief));
+  caller_->begin();
+  caller_->exec(insert_effect("k3"));
+  EXPECT_THROW(h.complete_in(caller_->conn(), "late"), LeaseLost);
+  EXPECT_FALSE(h.active());
+  caller_->rollback();
+  EXPECT_EQ(effects_of("k3"), 0);
+  const auto rec = record("k3");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, RecordState::kInProgress);
+  EXPECT_EQ(rec->token, std::get<Acquired>(thief).lease.token);
+}
+
+// A COMMIT whose answer is not known: resolve() reads what happened from the record.
+TEST_P(TransactionTest, ResolveSettlesACommitWhoseAnswerWasLost) {
+  Executor exec(db_->store(), options());
+  // It committed.
+  {
+    auto begun = exec.begin("s", "k4");
+    AttemptHandle<>& h = *begun.handle();
+    caller_->begin();
+    caller_->exec(insert_effect("k4"));
+    h.complete_in(caller_->conn(), "v4");
+    caller_->commit();
+    auto r = h.resolve();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->value, "v4");
+    EXPECT_FALSE(h.active());
+  }
+  // It did not.
+  {
+    auto begun = exec.begin("s", "k5");
+    AttemptHandle<>& h = *begun.handle();
+    caller_->begin();
+    caller_->exec(insert_effect("k5"));
+    h.complete_in(caller_->conn(), "v5");
+    caller_->rollback();
+    EXPECT_FALSE(h.resolve().has_value());
+    EXPECT_TRUE(h.active());
+    EXPECT_EQ(record("k5")->state, RecordState::kInProgress);
+    h.release();
+    EXPECT_FALSE(record("k5"));
+  }
+  EXPECT_EQ(effects_of("k4"), 1);
+  EXPECT_EQ(effects_of("k5"), 0);
+}
+
+// The store's own connection meets the caller's open transaction: a thief waits for it and
+// then sees what it left (a replay after a commit), never a second lease beside it.
+TEST_P(TransactionTest, AThiefWaitsForTheCallersTransaction) {
+  auto store = db_->store();
+  Executor exec(store, options(300ms));
+  auto begun = exec.begin("s", "k6");
+  AttemptHandle<>& h = *begun.handle();
+  caller_->begin();
+  caller_->exec(insert_effect("k6"));
+  h.complete_in(caller_->conn(), "v6");
+  // The lease runs out while the transaction is open (the heartbeat is suspended).
+  std::this_thread::sleep_for(500ms);
+  std::atomic<bool> done{false};
+  AcquireResult seen = AcquireResult{Busy{}};
+  std::thread thief([&] {
+    seen = store->acquire("s", "k6", 30s, 1h);
+    done = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(done.load()) << "the thief did not wait for the caller's transaction";
+  caller_->commit();
+  thief.join();
+  ASSERT_TRUE(std::holds_alternative<Replay>(seen));
+  EXPECT_EQ(std::get<Replay>(seen).payload, "v6");
+  EXPECT_EQ(h.committed().value, "v6");
+}
+
+// run_in_transaction: BEGIN, the action, the record and COMMIT; a duplicate replays.
+TEST_P(TransactionTest, RunInTransactionCommitsOnceAndReplays) {
+  Executor exec(db_->store(), options());
+  int runs = 0;
+  auto action = [&](const Attempt& a) {
+    ++runs;
+    caller_->exec(insert_effect("k7", std::to_string(a.token())));
+    return std::string("done");
+  };
+  auto first = exec.run_in_transaction(caller_->conn(), "s", "k7", action);
+  auto second = exec.run_in_transaction(caller_->conn(), "s", "k7", action);
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(first.replayed);
+  EXPECT_TRUE(second.replayed);
+  EXPECT_EQ(second.value, "done");
+  EXPECT_EQ(effects_of("k7"), 1);
+  EXPECT_EQ(record("k7")->state, RecordState::kComplete);
+}
+
+// An action that throws: its writes are rolled back and the key is free again.
+TEST_P(TransactionTest, RunInTransactionRollsBackAThrowingAction) {
+  Executor exec(db_->store(), options());
+  EXPECT_THROW(exec.run_in_transaction(caller_->conn(), "s", "k8",
+                                       [&](const Attempt&) -> std::string {
+                                         caller_->exec(insert_effect("k8"));
+                                         throw std::runtime_error("boom");
+                                       }),
+               std::runtime_error);
+  EXPECT_EQ(effects_of("k8"), 0);
+  EXPECT_FALSE(record("k8"));
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// A store whose COMMIT's answer is lost after the commit happened (or whose commit failed):
+// run_in_transaction settles it from the record.
+class LostCommitAnswer final : public StoreWrapper, public TransactionalStore {
+ public:
+  LostCommitAnswer(std::shared_ptr<Store> target, bool commit_first, SqlConnection::Kind kind)
+      : StoreWrapper(std::move(target)), commit_first_(commit_first), kind_(kind) {}
+  std::string describe() const override { return StoreWrapper::describe(); }
+  TransactionalStore* transactions() noexcept override { return this; }
+
+ protected:
+  TransactionalStore& inner() { return *target().transactions(); }
+  WriteResult do_complete_in(const SqlConnection& c, std::string_view s, std::string_view k,
+                             Token t, std::string_view p, Duration ttl) override {
+    return inner().complete_in(c, s, k, t, p, ttl);
+  }
+  AcquireResult do_acquire_in(const SqlConnection& c, std::string_view s, std::string_view k,
+                              Duration l, Duration ttl, std::optional<std::string_view> f,
+                              bool nowait) override {
+    return inner().acquire_in(c, s, k, l, ttl, f, nowait);
+  }
+  void do_begin(const SqlConnection& c) override { inner().begin(c); }
+  void do_commit(const SqlConnection& c) override {
+    if (commit_first_) {
+      inner().commit(c);
+    } else {
+      inner().rollback(c);
+    }
+    throw StoreUnavailable(describe(), "the COMMIT's answer was lost (injected)");
+  }
+  void do_rollback(const SqlConnection& c) noexcept override { inner().rollback(c); }
+  SqlConnection::Kind connection_kind() const noexcept override { return kind_; }
+
+ private:
+  bool commit_first_;
+  SqlConnection::Kind kind_;
+};
+
+TEST_P(TransactionTest, RunInTransactionSettlesALostCommitAnswerByReadingTheRecord) {
+  const SqlConnection::Kind kind = caller_->conn().kind();
+  {
+    Executor exec(std::make_shared<LostCommitAnswer>(db_->store(), true, kind), options());
+    auto r = exec.run_in_transaction(caller_->conn(), "s", "k9", [&](const Attempt&) {
+      caller_->exec(insert_effect("k9"));
+      return std::string("nine");
+    });
+    EXPECT_EQ(r.value, "nine");
+    EXPECT_FALSE(r.replayed);
+    EXPECT_EQ(record("k9")->state, RecordState::kComplete);
+  }
+  {
+    Executor exec(std::make_shared<LostCommitAnswer>(db_->store(), false, kind), options());
+    EXPECT_THROW(exec.run_in_transaction(caller_->conn(), "s", "k10",
+                                         [&](const Attempt&) {
+                                           caller_->exec(insert_effect("k10"));
+                                           return std::string("ten");
+                                         }),
+                 StoreUnavailable);
+    // Not committed: the record was released, so the next caller starts clean.
+    EXPECT_FALSE(record("k10"));
+  }
+  EXPECT_EQ(effects_of("k9"), 1);
+  EXPECT_EQ(effects_of("k10"), 0);
+}
+
+// One transaction for everything: commit records, rollback leaves nothing at all.
+TEST_P(TransactionTest, OpenTransactionFormLeavesNothingBehindOnRollback) {
+  Executor exec(db_->store(), options());
+  caller_->begin();
+  auto r = exec.run_in_open_transaction(caller_->conn(), "s", "k11", [&](const Attempt&) {
+    caller_->exec(insert_effect("k11"));
+    return 11;
+  });
+  EXPECT_EQ(r.value, 11);
+  caller_->rollback();
+  EXPECT_FALSE(record("k11"));
+  EXPECT_EQ(effects_of("k11"), 0);
+
+  caller_->begin();
+  r = exec.run_in_open_transaction(caller_->conn(), "s", "k11", [&](const Attempt&) {
+    caller_->exec(insert_effect("k11"));
+    return 12;
+  });
+  caller_->commit();
+  EXPECT_EQ(record("k11")->state, RecordState::kComplete);
+  EXPECT_EQ(effects_of("k11"), 1);
+
+  caller_->begin();
+  r = exec.run_in_open_transaction(caller_->conn(), "s", "k11", [&](const Attempt&) -> int {
+    ADD_FAILURE() << "ran twice";
+    return 0;
+  });
+  caller_->commit();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, 12);
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// A duplicate in another transaction waits for the first one and then replays its result.
+TEST_P(TransactionTest, OpenTransactionDuplicateWaitsAndReplays) {
+  Executor exec(db_->store(), options());
+  caller_->begin();
+  exec.run_in_open_transaction(caller_->conn(), "s", "k12", [&](const Attempt&) {
+    caller_->exec(insert_effect("k12"));
+    return std::string("first");
+  });
+  std::atomic<bool> done{false};
+  Result<std::string> seen;
+  std::thread other([&] {
+    auto conn = db_->connect();
+    conn->begin();  // SQLite waits here, PostgreSQL on the record's lock
+    seen = exec.run_in_open_transaction(conn->conn(), "s", "k12", [&](const Attempt&) {
+      conn->exec(insert_effect("k12"));
+      return std::string("second");
+    });
+    conn->commit();
+    done = true;
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(done.load());
+  caller_->commit();
+  other.join();
+  EXPECT_TRUE(seen.replayed);
+  EXPECT_EQ(seen.value, "first");
+  EXPECT_EQ(effects_of("k12"), 1);
+}
+
+// nowait (PostgreSQL): a duplicate answers InProgress at once instead of waiting.
+TEST_P(TransactionTest, OpenTransactionNowaitAnswersBusyAtOnce) {
+  if (caller_->conn().kind() != SqlConnection::Kind::kPostgres) {
+    GTEST_SKIP() << "SQLite has no row locks: a duplicate waits at its BEGIN IMMEDIATE";
+  }
+  Executor exec(db_->store(), options());
+  caller_->begin();
+  exec.run_in_open_transaction(caller_->conn(), "s", "k15", [&](const Attempt&) {
+    caller_->exec(insert_effect("k15"));
+    return std::string("first");
+  });
+  auto other = db_->connect();
+  other->begin();
+  OpenTransactionOptions nowait;
+  nowait.nowait = true;
+  EXPECT_THROW(exec.run_in_open_transaction(other->conn(), "s", "k15",
+                                            [&](const Attempt&) -> std::string {
+                                              ADD_FAILURE() << "ran beside the first";
+                                              return "second";
+                                            },
+                                            nowait),
+               InProgress);
+  other->rollback();
+  caller_->commit();
+  EXPECT_EQ(effects_of("k15"), 1);
+}
+
+// The refusals: a store that cannot join, a connection of the other kind or outside a
+// transaction. Nothing is acquired by a refused call.
+TEST_P(TransactionTest, RefusalsAreClearAndTouchNothing) {
+  Executor memory(std::make_shared<MemoryStore>(), options());
+  try {
+    memory.run_in_transaction(caller_->conn(), "s", "k13", [](const Attempt&) { return 1; });
+    ADD_FAILURE() << "the memory store joined a SQL transaction";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot join"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(memory.store().get("s", "k13"));
+  caller_->begin();
+  EXPECT_THROW(memory.run_in_open_transaction(caller_->conn(), "s", "k13",
+                                              [](const Attempt&) { return 1; }),
+               InvalidArgument);
+  caller_->rollback();
+
+  Executor exec(db_->store(), options());
+  auto begun = exec.begin("s", "k14");
+  AttemptHandle<>& h = *begun.handle();
+  // Not in a transaction: refused, the handle unchanged.
+  EXPECT_THROW(h.complete_in(caller_->conn(), "v"), InvalidArgument);
+  EXPECT_TRUE(h.active());
+  EXPECT_FALSE(h.completing());
+  // The other kind of connection.
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(":memory:", &other), SQLITE_OK);
+  EXPECT_THROW(h.complete_in(SqlConnection::sqlite(other), "v"), InvalidArgument);
+  sqlite3_exec(other, "BEGIN", nullptr, nullptr, nullptr);
+  EXPECT_THROW(h.complete_in(SqlConnection::sqlite(other), "v"), InvalidArgument);
+  sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close_v2(other);
+  EXPECT_TRUE(h.active());
+  EXPECT_THROW(h.committed(), std::logic_error);
+  EXPECT_THROW(SqlConnection::postgres(nullptr), InvalidArgument);
+  // The lease still works the usual way.
+  EXPECT_EQ(h.complete("plain").value, "plain");
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, TransactionTest, ::testing::ValuesIn(kinds()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace idem
