@@ -41,6 +41,12 @@ struct SqliteStoreOptions {
   // Create the file and its schema when missing (OpenOptions::create_if_missing). false: a
   // missing file, or one without idem's schema, is refused with StoreUnavailable.
   bool create_if_missing = true;
+  // The file is the application's own database too (URL: shared=1), so that a caller's
+  // transaction can hold idem's records with its own writes (SPEC §14): idem's tables
+  // (idem_records, idem_meta) are created beside the application's, the file's header
+  // (PRAGMA application_id, user_version) stays the application's, and the file is switched
+  // to the WAL journal, which idem needs. false: the file must be idem's alone (or new).
+  bool shared = false;
 };
 
 // What the group commit did so far (SqliteStore::write_stats): every write of a store

@@ -73,6 +73,11 @@ CREATE TABLE idem_meta (
   last_token INTEGER NOT NULL
 );
 INSERT INTO idem_meta (id, last_token) VALUES (1, 0);
+)sql";
+// The marks of a file that is idem's alone. A shared file (SqliteStoreOptions::shared) is
+// the application's: its header stays the application's, and idem's schema is known by
+// its two tables.
+constexpr const char* kSqlMarkFile = R"sql(
 PRAGMA application_id = 1768187245;
 PRAGMA user_version = 1;
 )sql";
@@ -126,10 +131,10 @@ struct PooledConnection {
   Statement rollback_to_savepoint;
 
   PooledConnection(const std::string& path, const std::string& store, Duration busy_timeout,
-                   const std::string& synchronous, OpenMode mode, bool first)
+                   const std::string& synchronous, OpenMode mode, bool first, bool shared)
       : conn(path, store, busy_timeout, mode) {
     // The first connection checks the file before anything else touches it.
-    if (first) prepare_file(mode);
+    if (first) prepare_file(mode, shared);
     conn.exec(synchronous == "full" ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
               "cannot set PRAGMA synchronous");
     select_record = conn.prepare(kSqlSelectRecord, "read record");
@@ -156,18 +161,30 @@ struct PooledConnection {
     std::int64_t application_id = 0;
     std::int64_t version = 0;
     std::int64_t objects = 0;
+    std::int64_t idem_tables = 0;  // idem_records and idem_meta
   };
 
   Header read_header() {
     return Header{
         conn.query_int("PRAGMA application_id", "cannot read the database header"),
         conn.query_int("PRAGMA user_version", "cannot read the database header"),
-        conn.query_int("SELECT count(*) FROM sqlite_schema", "cannot read the database schema")};
+        conn.query_int("SELECT count(*) FROM sqlite_schema", "cannot read the database schema"),
+        conn.query_int("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN "
+                       "('idem_records', 'idem_meta')",
+                       "cannot read the database schema")};
   }
 
   // Throws unless `h` is our schema at a version this build reads; returns false when the
-  // file is empty and the schema must be created.
-  bool accept(const Header& h) {
+  // file is empty (or, shared, holds no idem tables yet) and the schema must be created.
+  bool accept(const Header& h, bool shared) {
+    if (shared && h.application_id != kApplicationId) {
+      // The application's file: its header is its own; idem's schema is its two tables.
+      if (h.idem_tables == 2) return true;
+      if (h.idem_tables == 0) return false;
+      throw StoreUnavailable(conn.store(),
+                             "the file holds one of idem's tables (idem_records, idem_meta) but "
+                             "not the other; refusing to use it");
+    }
     if (h.application_id == kApplicationId) {
       if (h.version > kSchemaVersion) {
         throw StoreUnavailable(conn.store(),
@@ -186,7 +203,9 @@ struct PooledConnection {
                              "not an idem database (it holds " + std::to_string(h.objects) +
                                  " other schema objects, application_id " +
                                  std::to_string(h.application_id) + ", user_version " +
-                                 std::to_string(h.version) + "); refusing to use it");
+                                 std::to_string(h.version) +
+                                 "); refusing to use it. To keep idem's records in your "
+                                 "application's own database, open it with shared=1");
     }
     return false;
   }
@@ -213,12 +232,12 @@ struct PooledConnection {
   // missing. A foreign or newer file is refused before anything is written to it; so is an
   // empty one when the store may not create its schema, and a read-only store writes
   // nothing at all.
-  void prepare_file(OpenMode open_mode) {
-    // One read transaction, so the three header values are one consistent snapshot.
+  void prepare_file(OpenMode open_mode, bool shared) {
+    // One read transaction, so the header values are one consistent snapshot.
     conn.exec("BEGIN", "cannot read the database header");
     Header h = read_header();
     conn.exec("COMMIT", "cannot read the database header");
-    const bool ready = accept(h);
+    const bool ready = accept(h, shared);
     if (!ready && open_mode != OpenMode::kCreate) {
       throw StoreUnavailable(conn.store(),
                              "the file holds no idem schema yet, and the store was opened " +
@@ -244,7 +263,10 @@ struct PooledConnection {
     Statement c = conn.prepare("COMMIT", "commit");
     Statement r = conn.prepare("ROLLBACK", "rollback");
     Transaction tx(conn, b, c, r);
-    if (!accept(read_header())) conn.exec(kSqlSchema, "cannot create the schema");
+    if (!accept(read_header(), shared)) {
+      conn.exec(kSqlSchema, "cannot create the schema");
+      if (!shared) conn.exec(kSqlMarkFile, "cannot create the schema");
+    }
     tx.commit();
   }
 };
@@ -452,6 +474,7 @@ struct SqliteStore::Impl {
   std::string synchronous;
   Duration busy_timeout;
   OpenMode mode;
+  bool shared;
   std::shared_ptr<const Clock> clock;
 
   // Connections for reads.
@@ -483,6 +506,7 @@ struct SqliteStore::Impl {
         mode(options.read_only           ? OpenMode::kReadOnly
              : options.create_if_missing ? OpenMode::kCreate
                                          : OpenMode::kExisting),
+        shared(options.shared),
         clock(options.clock ? std::move(options.clock) : SystemClock::instance()) {
     if (options.path.empty()) throw InvalidArgument("SQLite path", "must not be empty");
     if (synchronous != "normal" && synchronous != "full") {
@@ -512,7 +536,7 @@ struct SqliteStore::Impl {
 
   std::unique_ptr<PooledConnection> open(bool first) {
     return std::make_unique<PooledConnection>(path, describe, busy_timeout, synchronous, mode,
-                                              first);
+                                              first, shared);
   }
 
   // A connection borrowed from the pool for one read.
@@ -944,9 +968,15 @@ std::shared_ptr<Store> open_sqlite_store(const Url& url, const OpenOptions& opti
                                   value + "'");
       }
       o.busy_timeout = Duration{ms};
+    } else if (name == "shared") {
+      if (value != "0" && value != "1") {
+        throw InvalidArgument("store URL", "parameter 'shared' must be 0 or 1, got '" + value + "'");
+      }
+      o.shared = value == "1";
     } else {
       throw InvalidArgument("store URL", "unknown parameter '" + name +
-                                             "' for sqlite: (known: busy_timeout, synchronous)");
+                                             "' for sqlite: (known: busy_timeout, shared, "
+                                             "synchronous)");
     }
   }
   return std::make_shared<SqliteStore>(std::move(o));

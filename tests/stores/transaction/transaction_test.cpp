@@ -19,15 +19,15 @@
 
 #include "idem/error.h"
 #include "idem/executor.h"
+#include "idem/open_store.h"
 #include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
 #include "idem/stores/sqlite_store.h"
 #include "idem/transaction.h"
+#include "stores/transaction/caller_conn.h"
 #include "support/eventually.h"
 
 #ifdef IDEM_TEST_WITH_POSTGRES
-#include <libpq-fe.h>
-
 #include "idem/stores/postgres_store.h"
 #include "stores/postgres/postgres_test_util.h"
 #endif
@@ -36,22 +36,11 @@ namespace idem {
 namespace {
 
 using namespace std::chrono_literals;
-
-// One connection of the caller's, with what the tests do on it.
-class CallerConn {
- public:
-  virtual ~CallerConn() = default;
-  virtual SqlConnection conn() = 0;
-  // Runs SQL; fails the test unless it succeeds.
-  virtual void exec(const std::string& sql) = 0;
-  // The first column of the first row, as an integer.
-  virtual long long count(const std::string& sql) = 0;
-  // The kind of BEGIN the caller uses for a write transaction.
-  virtual std::string begin_sql() const = 0;
-  void begin() { exec(begin_sql()); }
-  void commit() { exec("COMMIT"); }
-  void rollback() { exec("ROLLBACK"); }
-};
+using testing::CallerConn;
+#ifdef IDEM_TEST_WITH_POSTGRES
+using testing::PgConn;
+#endif
+using testing::SqliteConn;
 
 // A database that holds the store's records and the caller's `effects` table.
 class Database {
@@ -65,40 +54,6 @@ class Database {
 
 // --- SQLite ------------------------------------------------------------------------------
 
-class SqliteConn final : public CallerConn {
- public:
-  explicit SqliteConn(const std::string& path) {
-    EXPECT_EQ(sqlite3_open(path.c_str(), &db_), SQLITE_OK);
-    sqlite3_busy_timeout(db_, 10000);
-  }
-  ~SqliteConn() override { sqlite3_close_v2(db_); }
-  SqlConnection conn() override { return SqlConnection::sqlite(db_); }
-  void exec(const std::string& sql) override {
-    char* error = nullptr;
-    if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error) != SQLITE_OK) {
-      ADD_FAILURE() << sql << ": " << (error ? error : "?");
-    }
-    sqlite3_free(error);
-  }
-  long long count(const std::string& sql) override {
-    sqlite3_stmt* st = nullptr;
-    long long n = -1;
-    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st, nullptr) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW) {
-      n = sqlite3_column_int64(st, 0);
-    } else {
-      ADD_FAILURE() << sql << ": " << sqlite3_errmsg(db_);
-    }
-    sqlite3_finalize(st);
-    return n;
-  }
-  std::string begin_sql() const override { return "BEGIN IMMEDIATE"; }
-  sqlite3* raw() const { return db_; }
-
- private:
-  sqlite3* db_ = nullptr;
-};
-
 class SqliteDatabase final : public Database {
  public:
   SqliteDatabase() {
@@ -106,8 +61,9 @@ class SqliteDatabase final : public Database {
            ("idem_tx_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
     std::filesystem::create_directories(dir_);
     path_ = (dir_ / "app.db").string();
-    store_ = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path_});
+    // The application's database first, then idem's records beside its tables.
     SqliteConn(path_).exec("CREATE TABLE effects (k TEXT NOT NULL, v TEXT)");
+    store_ = std::make_shared<SqliteStore>(SqliteStoreOptions{.path = path_, .shared = true});
   }
   ~SqliteDatabase() override {
     store_.reset();
@@ -130,39 +86,6 @@ class SqliteDatabase final : public Database {
 // --- PostgreSQL --------------------------------------------------------------------------
 
 #ifdef IDEM_TEST_WITH_POSTGRES
-class PgConn final : public CallerConn {
- public:
-  explicit PgConn(const std::string& url) : conn_(PQconnectdb(url.c_str())) {
-    if (PQstatus(conn_) != CONNECTION_OK) ADD_FAILURE() << PQerrorMessage(conn_);
-  }
-  ~PgConn() override { PQfinish(conn_); }
-  SqlConnection conn() override { return SqlConnection::postgres(conn_); }
-  void exec(const std::string& sql) override {
-    PGresult* r = PQexec(conn_, sql.c_str());
-    const ExecStatusType s = PQresultStatus(r);
-    if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
-      ADD_FAILURE() << sql << ": " << PQerrorMessage(conn_);
-    }
-    PQclear(r);
-  }
-  long long count(const std::string& sql) override {
-    PGresult* r = PQexec(conn_, sql.c_str());
-    long long n = -1;
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) > 0) {
-      n = std::stoll(PQgetvalue(r, 0, 0));
-    } else {
-      ADD_FAILURE() << sql << ": " << PQerrorMessage(conn_);
-    }
-    PQclear(r);
-    return n;
-  }
-  std::string begin_sql() const override { return "BEGIN"; }
-  PGconn* raw() const { return conn_; }
-
- private:
-  PGconn* conn_;
-};
-
 class PgDatabase final : public Database {
  public:
   PgDatabase() : table_(testing::fresh_table("tx")), effects_(table_ + "_effects") {
@@ -611,6 +534,29 @@ TEST_P(TransactionTest, RefusalsAreClearAndTouchNothing) {
   EXPECT_THROW(SqlConnection::postgres(nullptr), InvalidArgument);
   // The lease still works the usual way.
   EXPECT_EQ(h.complete("plain").value, "plain");
+}
+
+// An application's own SQLite database: refused as it is (not idem's file), taken with
+// shared=1, which leaves the application's header alone.
+TEST(SqliteSharedFile, IdemTablesJoinTheApplicationsDatabase) {
+  SqliteDatabase scratch;  // for its temporary folder
+  const std::string path = (scratch.dir() / "their.db").string();
+  SqliteConn(path).exec("PRAGMA application_id = 42; CREATE TABLE orders (id INTEGER)");
+  try {
+    SqliteStore refused(SqliteStoreOptions{.path = path});
+    ADD_FAILURE() << "a file with the application's tables was taken as idem's own";
+  } catch (const StoreUnavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("shared=1"), std::string::npos) << e.what();
+  }
+  auto store = open_store("sqlite://" + path + "?shared=1");
+  auto acquired = store->acquire("s", "k", 30s, 1h);
+  ASSERT_TRUE(std::holds_alternative<Acquired>(acquired));
+  SqliteConn app(path);
+  EXPECT_EQ(app.count("PRAGMA application_id"), 42);
+  EXPECT_EQ(app.count("SELECT count(*) FROM idem_records"), 1);
+  // Opened again, shared, it is the same store.
+  auto again = open_store("sqlite://" + path + "?shared=1");
+  EXPECT_TRUE(std::holds_alternative<Busy>(again->acquire("s", "k", 30s, 1h)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, TransactionTest, ::testing::ValuesIn(kinds()),
