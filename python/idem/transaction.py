@@ -1,19 +1,28 @@
-"""Completion inside the caller's own database transaction (SPEC §14): **not available yet**.
+"""Completion inside the caller's own PostgreSQL transaction (SPEC §14, docs/python.md).
 
-SPEC §14 lets a caller whose data lives in the store's own database record the result in
-its open transaction, so that its effects and the COMPLETE record commit together. The C++
-library does not offer it yet (issue 22: "Transactional completion"); when it does, this
-module will hand it a psycopg connection's libpq pointer, which
-:func:`libpq_connection_pointer` already extracts, and :func:`complete_in_transaction`
-will run the fenced write on that connection. Until then it raises NotImplementedError;
-nothing here pretends to commit atomically.
+When the application's data lives in the PostgreSQL database that holds the store's
+records, the COMPLETE record can be written on the application's psycopg connection, inside
+its open transaction, so that the application's writes and the record commit together or
+not at all: a crash between two commits can no longer leave the writes committed and the
+key IN_PROGRESS for the next caller to run again.
+
+    with executor.begin(scope, key) as attempt:
+        if attempt.replayed:
+            return attempt.value
+        with conn.transaction():
+            conn.execute("INSERT INTO orders ...")
+            complete_in_transaction(attempt, conn, {"order": 42})
+        attempt.committed()
+
+or in one call, :func:`run_in_transaction`. The store must be a ``postgresql://`` store on
+that database; other stores refuse with :class:`idem.InvalidArgument`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["libpq_connection_pointer", "complete_in_transaction"]
+__all__ = ["libpq_connection_pointer", "complete_in_transaction", "run_in_transaction"]
 
 
 def libpq_connection_pointer(connection: Any) -> int:
@@ -34,12 +43,35 @@ def libpq_connection_pointer(connection: Any) -> int:
 
 
 def complete_in_transaction(attempt: Any, connection: Any, value: Any) -> None:
-    """Records ``value`` inside ``connection``'s open transaction (SPEC §14). Not available:
-    the C++ library has no completion on the caller's connection yet (issue 22). Raises
-    NotImplementedError; use ``attempt.complete(value)`` after your own commit meanwhile."""
-    libpq_connection_pointer(connection)  # the part that exists: refuse a non-psycopg object
-    raise NotImplementedError(
-        "idem: completion inside the caller's transaction (SPEC §14) needs the C++ library's "
-        "transactional completion (issue 22), which is not built yet; commit your transaction, "
-        "then call attempt.complete(value)"
-    )
+    """Writes ``value`` as the attempt's COMPLETE record inside ``connection``'s open
+    transaction. Nothing is visible until the caller commits; then report the outcome with
+    ``attempt.committed()`` (returns the Result), ``attempt.rolled_back()`` (the lease is held
+    again), or ``attempt.resolve()`` when the COMMIT's answer was lost (the Result, or None).
+    Raises :class:`idem.LeaseLost` when the lease was lost (roll back: nothing was written),
+    :class:`idem.InvalidArgument` for a store that cannot join the transaction or a
+    connection outside one."""
+    attempt._complete_in(libpq_connection_pointer(connection), value)
+
+
+def run_in_transaction(executor: Any, connection: Any, scope: Any, key: Any,
+                       fn: Callable[[Any], Any]) -> Any:
+    """``executor.run(scope, key, fn)`` whose result commits with ``fn``'s own writes on
+    ``connection`` (a psycopg 3 connection, not in a transaction): the lease, then
+    ``connection.transaction()`` around ``fn(attempt)`` and the COMPLETE record. Returns the
+    Result (``replayed`` for a duplicate). If ``fn`` raises, the transaction rolls back and
+    the key is released; if the COMMIT fails or its answer is lost, the record says whether
+    it happened."""
+    with executor.begin(scope, key) as attempt:
+        if attempt.replayed:
+            return attempt.result
+        try:
+            with connection.transaction():
+                value = fn(attempt)
+                complete_in_transaction(attempt, connection, value)
+        except BaseException:
+            if attempt.completing:
+                outcome = attempt.resolve()
+                if outcome is not None:
+                    return outcome
+            raise
+        return attempt.committed()

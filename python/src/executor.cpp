@@ -281,6 +281,85 @@ class PyAttempt {
     return result_;
   }
 
+  // SPEC §14: writes `value` as COMPLETE on the caller's open transaction on the libpq
+  // connection at `pgconn` (a psycopg connection's pgconn_ptr). The lease stays held until
+  // committed(), rolled_back() or resolve() reports the caller's commit.
+  void complete_in(std::uintptr_t pgconn, py::handle value) {
+    require_lease("complete_in");
+    std::string bytes = codec_.encode(value);
+    const auto conn = SqlConnection::postgres(reinterpret_cast<PGconn*>(pgconn));
+    bool ended = false;
+    try {
+      without_gil([&] {
+        std::lock_guard lock(mu_);
+        try {
+          handle_->complete_in(conn, std::move(bytes));
+        } catch (...) {
+          ended = !handle_->active();
+          throw;
+        }
+      });
+    } catch (...) {
+      if (ended) active_.store(false, std::memory_order_release);
+      throw;
+    }
+    pending_ = py::reinterpret_borrow<py::object>(value);
+  }
+
+  // The caller's COMMIT succeeded: the attempt ends as completed.
+  py::object committed() {
+    require_lease("report a commit on");
+    Result<std::string> stored = without_gil([&] {
+      std::lock_guard lock(mu_);
+      Result<std::string> r = handle_->committed();
+      active_.store(false, std::memory_order_release);
+      return r;
+    });
+    result_ = py::cast(PyResult::of(pending_, stored));
+    pending_ = py::none();
+    return result_;
+  }
+
+  // The caller's transaction rolled back: the lease is held again.
+  void rolled_back() {
+    require_lease("report a rollback on");
+    without_gil([&] {
+      std::lock_guard lock(mu_);
+      handle_->rolled_back();
+      if (!handle_->active()) active_.store(false, std::memory_order_release);
+    });
+    pending_ = py::none();
+  }
+
+  // The COMMIT's answer was lost: the record says whether it happened. The Result, or None
+  // when it did not (the lease is held again).
+  py::object resolve() {
+    require_lease("resolve");
+    std::optional<Result<std::string>> stored = without_gil([&] {
+      std::lock_guard lock(mu_);
+      try {
+        auto r = handle_->resolve();
+        if (!handle_->active()) active_.store(false, std::memory_order_release);
+        return r;
+      } catch (...) {
+        if (!handle_->active()) active_.store(false, std::memory_order_release);
+        throw;
+      }
+    });
+    if (!stored) {
+      pending_ = py::none();
+      return py::none();
+    }
+    result_ = py::cast(PyResult::of(pending_, *stored));
+    pending_ = py::none();
+    return result_;
+  }
+
+  bool completing() const {
+    std::lock_guard lock(mu_);
+    return handle_ && handle_->completing();
+  }
+
   // Gives the key up: the next caller runs as attempt 1. Does nothing once ended.
   void release() {
     if (!handle_) return;
@@ -321,6 +400,8 @@ class PyAttempt {
   }
 
   std::shared_ptr<Executor> executor_;  // keeps the executor alive while the attempt is
+  // The value of a complete_in() that waits for its commit.
+  py::object pending_ = py::none();
   py::object scope_;
   py::object key_;
   Codec codec_;
@@ -552,6 +633,17 @@ an attempt that was not ended, releases.)doc")
            "Records value (through the codec) as the key's result and ends the lease; returns "
            "the Result (not replayed). Raises LeaseLost (not recorded: another caller owns the "
            "key), PayloadTooLarge (the record was released) or StoreUnavailable.")
+      .def("_complete_in", &PyAttempt::complete_in, py::arg("pgconn"), py::arg("value"))
+      .def("committed", &PyAttempt::committed,
+           "After complete_in_transaction(): the caller's COMMIT succeeded. Returns the Result.")
+      .def("rolled_back", &PyAttempt::rolled_back,
+           "After complete_in_transaction(): the caller's transaction rolled back; the lease "
+           "is held again.")
+      .def("resolve", &PyAttempt::resolve,
+           "After complete_in_transaction(), when the COMMIT's answer was lost: the Result if "
+           "the commit happened, None if it did not (the lease is held again).")
+      .def_property_readonly("completing", &PyAttempt::completing,
+                             "Whether a complete_in_transaction() waits for its commit.")
       .def("release", &PyAttempt::release,
            "Gives the key up (the next caller runs as attempt 1). Best effort; never raises.")
       .def("add_stop_callback", &PyAttempt::add_stop_callback, py::arg("fn"),

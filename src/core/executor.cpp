@@ -509,14 +509,20 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
     if (written == WriteResult::kFenced) {
       ended = true;
-      Uncount uncount{owner.counted};
-      heartbeat_.remove(owner);
-      owner.in_caller_tx.store(false, std::memory_order_relaxed);
-      const std::string why = fenced_reason(owner);
-      if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
-      finish(owner, OwnerState::kGone, nullptr);
-      throw LeaseLost(owner.token(), why, owner.record());
+      throw fenced_in_caller_tx(owner);
     }
+  }
+
+  // Ends an owner whose lease turned out lost while its result was in a caller's
+  // transaction, and says why.
+  LeaseLost fenced_in_caller_tx(InFlight& owner) {
+    Uncount uncount{owner.counted};
+    heartbeat_.remove(owner);
+    owner.in_caller_tx.store(false, std::memory_order_relaxed);
+    const std::string why = fenced_reason(owner);
+    if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
+    finish(owner, OwnerState::kGone, nullptr);
+    return LeaseLost(owner.token(), why, owner.record());
   }
 
   // AttemptHandle::committed: the caller's commit made the result durable. No store call.
@@ -565,16 +571,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       case ReadBack::kRecorded:
         ended = true;
         return committed(owner, std::move(bytes));
-      case ReadBack::kNotOurs: {
+      case ReadBack::kNotOurs:
         ended = true;
-        Uncount uncount{owner.counted};
-        heartbeat_.remove(owner);
-        owner.in_caller_tx.store(false, std::memory_order_relaxed);
-        const std::string why = fenced_reason(owner);
-        if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
-        finish(owner, OwnerState::kGone, nullptr);
-        throw LeaseLost(owner.token(), why, owner.record());
-      }
+        throw fenced_in_caller_tx(owner);
       case ReadBack::kStillOurs:
       case ReadBack::kUnknown:
         break;

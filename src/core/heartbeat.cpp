@@ -166,12 +166,6 @@ bool Heartbeat::resume(const std::shared_ptr<HeartbeatLease>& held) {
   return true;
 }
 
-bool Heartbeat::scheduled(const HeartbeatLease& lease) const noexcept {
-  std::lock_guard lock(mu_);
-  return !lease.removed_.load(std::memory_order_relaxed) &&
-         !lease.suspended_.load(std::memory_order_relaxed);
-}
-
 void Heartbeat::place(std::size_t slot, Item item) noexcept {
   item.lease->slot_ = slot;
   heap_[slot] = std::move(item);

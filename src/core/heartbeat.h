@@ -129,8 +129,6 @@ class Heartbeat {
   // Starts keeping `lease` alive; its first extend is due one interval from now. Starts
   // the thread on first use.
   void add(std::shared_ptr<HeartbeatLease> lease);
-  // Whether `lease` is extended now: added, and neither removed nor suspended.
-  bool scheduled(const HeartbeatLease& lease) const noexcept;
   // Stops keeping `lease` alive. Never blocks on the store: an extend in flight for this
   // or any other lease finishes on its own and its outcome is ignored. Idempotent: returns
   // whether this call removed it (false when it had been removed already).

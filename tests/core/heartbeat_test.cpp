@@ -207,6 +207,49 @@ TEST(HeartbeatTest, LeaseRemovedDuringItsExtendIsDroppedWhenTheStoreReturns) {
   EXPECT_FALSE(lease->lost());
 }
 
+// SPEC §14: while a complete waits in a caller's transaction, the lease is suspended (not
+// extended, still counted), and resumed with an extend at once after a rollback.
+TEST(HeartbeatTest, SuspendedLeaseIsNotExtendedUntilResumed) {
+  auto faults = std::make_shared<FaultStore>(std::make_shared<idem::MemoryStore>());
+  Heartbeat heartbeat(*faults, nullptr);
+  auto lease = acquire(*faults, "k", 10s, 10ms);
+  heartbeat.add(lease);
+  ASSERT_TRUE(faults->wait_for_calls(Op::kExtend, 2));
+  EXPECT_TRUE(heartbeat.suspend(*lease));
+  EXPECT_FALSE(heartbeat.suspend(*lease));  // once
+  EXPECT_EQ(heartbeat.active(), 1u);
+  // An extend already in flight may finish; after that, nothing more.
+  std::this_thread::sleep_for(30ms);
+  const auto calls = faults->calls(Op::kExtend);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(faults->calls(Op::kExtend), calls);
+  EXPECT_TRUE(heartbeat.resume(lease));
+  EXPECT_FALSE(heartbeat.resume(lease));  // not suspended any more
+  EXPECT_TRUE(faults->wait_for_calls(Op::kExtend, calls + 2));
+  EXPECT_FALSE(lease->lost());
+  EXPECT_TRUE(heartbeat.remove(*lease));
+  EXPECT_FALSE(heartbeat.resume(lease));  // removed
+}
+
+// A lease suspended while its extend is in flight ignores that extend's outcome (a fenced
+// one included: the caller's commit made the record COMPLETE), and resumed meanwhile goes
+// back on the schedule when the call returns.
+TEST(HeartbeatTest, SuspendedDuringItsExtendIgnoresTheOutcome) {
+  auto faults = std::make_shared<FaultStore>(std::make_shared<idem::MemoryStore>());
+  Heartbeat heartbeat(*faults, nullptr);
+  auto lease = acquire(*faults, "k", 10s, 20ms);
+  faults->pause(Op::kExtend);
+  heartbeat.add(lease);
+  ASSERT_TRUE(faults->wait_for_blocked(Op::kExtend, 1));
+  EXPECT_TRUE(heartbeat.suspend(*lease));
+  // The record completes behind the extend's back: the extend will be fenced.
+  ASSERT_EQ(faults->complete("hb", "k", lease->token(), "done", 1h), idem::WriteResult::kDone);
+  faults->resume(Op::kExtend);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(lease->lost());
+  EXPECT_TRUE(heartbeat.remove(*lease));
+}
+
 TEST(HeartbeatTest, RemovingLeasesInAnyOrderKeepsTheOthersScheduled) {
   // Leases leave the schedule from every position of the heap; those left keep their
   // places: the short-interval ones keep being extended and none is lost.

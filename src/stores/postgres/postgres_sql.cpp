@@ -75,15 +75,17 @@ Sql::Sql(const TableNames& names) {
   //    expired (COMPLETE) or stealable (IN_PROGRESS with a passed lease). If a concurrent
   //    caller made it live after our snapshot, nothing is returned and the caller runs the
   //    statement again.
-  acquire = sql(R"sql(
+  // acquire, and acquire_nowait for a caller's open transaction (SPEC §14), whose `turn`
+  // tries the key's lock instead of waiting for it and reports a lock held elsewhere.
+  constexpr const char* kAcquire = R"sql(
 WITH cur AS MATERIALIZED (
   SELECT {cols} FROM {t} WHERE scope = $1 AND key = $2),
 live AS MATERIALIZED (
   SELECT * FROM cur WHERE {live}),
 turn AS MATERIALIZED (
-  SELECT pg_advisory_xact_lock($6) WHERE NOT EXISTS (SELECT 1 FROM live)),
+  SELECT {lock} WHERE NOT EXISTS (SELECT 1 FROM live)),
 drawn AS MATERIALIZED (
-  SELECT nextval('{seq}') AS token FROM turn),
+  SELECT nextval('{seq}') AS token FROM turn{got}),
 won AS (
   INSERT INTO {t} AS r (scope, key, state, token, attempt, acquired_at, lease_expires_at,
                         completed_at, expires_at, purge_after, fingerprint, payload)
@@ -95,33 +97,15 @@ won AS (
             r.expires_at, r.fingerprint, r.payload)
 SELECT {cols}, {now}, 0::smallint FROM won
 UNION ALL
-SELECT {cols}, {now}, 1::smallint FROM live)sql");
-
-  acquire_nowait = sql(R"sql(
-WITH cur AS MATERIALIZED (
-  SELECT {cols} FROM {t} WHERE scope = $1 AND key = $2),
-live AS MATERIALIZED (
-  SELECT * FROM cur WHERE {live}),
-turn AS MATERIALIZED (
-  SELECT pg_try_advisory_xact_lock($6) AS got WHERE NOT EXISTS (SELECT 1 FROM live)),
-drawn AS MATERIALIZED (
-  SELECT nextval('{seq}') AS token FROM turn WHERE got),
-won AS (
-  INSERT INTO {t} AS r (scope, key, state, token, attempt, acquired_at, lease_expires_at,
-                        completed_at, expires_at, purge_after, fingerprint, payload)
-  SELECT $1, $2, 0, token, 1, {now}, {now} + $3 {ms}, NULL, {now} + $4 {ms},
-         {now} + greatest($3, $4) {ms}, $5, NULL
-  FROM drawn
-{take_over}
-  RETURNING r.state, r.token, r.attempt, r.acquired_at, r.lease_expires_at, r.completed_at,
-            r.expires_at, r.fingerprint, r.payload)
-SELECT {cols}, {now}, 0::smallint FROM won
-UNION ALL
-SELECT {cols}, {now}, 1::smallint FROM live
+SELECT {cols}, {now}, 1::smallint FROM live{locked})sql";
+  acquire = sql(fill(kAcquire, {{"lock", "pg_advisory_xact_lock($6)"}, {"got", ""}, {"locked", ""}}));
+  acquire_nowait = sql(fill(kAcquire, {{"lock", "pg_try_advisory_xact_lock($6) AS got"},
+                                       {"got", " WHERE got"},
+                                       {"locked", R"sql(
 UNION ALL
 SELECT NULL::smallint, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::timestamptz,
        NULL::timestamptz, NULL::timestamptz, NULL::bytea, NULL::bytea, {now}, 2::smallint
-FROM turn WHERE NOT got)sql");
+FROM turn WHERE NOT got)sql"}}));
 
   select_many = sql(R"sql(
 SELECT t.state, t.token, t.attempt, t.acquired_at, t.lease_expires_at, t.completed_at,
