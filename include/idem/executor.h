@@ -636,7 +636,8 @@ class Executor {
   // Throws as run() does, and InvalidArgument (before anything is acquired) for a store
   // that cannot join a caller's transaction. When the action throws, the transaction is
   // rolled back, the record released and the exception rethrown. `conn` must not be in a
-  // transaction already.
+  // transaction already, and the action must not end the transaction itself (a COMMIT or
+  // ROLLBACK inside it leaves the complete nothing to join: InvalidArgument).
   template <typename T, typename F>
   Result<T> run_in_transaction(const SqlConnection& conn, std::string_view scope,
                                std::string_view key, F&& action, const CallOptions& call = {}) {
