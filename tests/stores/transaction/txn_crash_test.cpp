@@ -95,27 +95,42 @@ Outcome run(const std::string& mode, const std::string& caller, const std::strin
   std::uniform_int_distribution<int> which(0, kWorkers - 1);
   while (std::chrono::steady_clock::now() < stop_killing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(gap(rng)));
-    const int i = which(rng);
+    pid_t& victim = workers[static_cast<std::size_t>(which(rng))];
+    // Only ever a worker of ours that is still running: never kill(-1), never a pid that
+    // was reaped (and may have been reused).
+    if (victim <= 0) continue;
     int status = 0;
-    if (::waitpid(workers[static_cast<std::size_t>(i)], &status, WNOHANG) != 0) {
-      // It finished every key: nothing left to kill; the others will finish too.
-      workers[static_cast<std::size_t>(i)] = -1;
+    if (::waitpid(victim, &status, WNOHANG) == victim) {
+      // It finished every key: nothing left to kill there; the others will finish too.
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a worker failed";
+      victim = -1;
       bool all_done = true;
-      for (pid_t p : workers) all_done = all_done && p == -1;
+      for (pid_t p : workers) all_done = all_done && p <= 0;
       if (all_done) break;
       continue;
     }
-    ::kill(workers[static_cast<std::size_t>(i)], SIGKILL);
-    ::waitpid(workers[static_cast<std::size_t>(i)], &status, 0);
+    ::kill(victim, SIGKILL);
+    ::waitpid(victim, &status, 0);
     ++out.kills;
-    workers[static_cast<std::size_t>(i)] = start();
+    victim = start();
   }
-  // The survivors finish every key (taking over the leases of the killed).
-  for (pid_t p : workers) {
-    if (p == -1) continue;
+  // The survivors finish every key (taking over the leases of the killed), within a bound
+  // that only a hung worker reaches.
+  const auto give_up = std::chrono::steady_clock::now() + 120s;
+  for (pid_t& p : workers) {
+    if (p <= 0) continue;
     int status = 0;
-    ::waitpid(p, &status, 0);
+    while (::waitpid(p, &status, WNOHANG) != p) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        ADD_FAILURE() << "worker " << p << " did not finish its keys";
+        ::kill(p, SIGKILL);
+        ::waitpid(p, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a worker failed";
+    p = -1;
   }
   auto store = open_store(store_url);
   for (int k = 0; k < kKeys; ++k) {
