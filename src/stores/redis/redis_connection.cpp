@@ -355,10 +355,11 @@ std::string explain_server_error(std::string_view message) {
     cause = "the replica has lost its primary";
   } else if (code == "BUSY") {
     cause = "the server is busy running a script";
-  } else if (code == "MOVED" || code == "ASK" || code == "CLUSTERDOWN" || code == "CROSSSLOT" ||
-             code == "TRYAGAIN") {
-    cause = "Redis Cluster redirection (idem talks to one node: give it a standalone server, "
-            "or a cluster proxy)";
+  } else if (code == "CLUSTERDOWN") {
+    cause = "the Redis Cluster is down (a slot has no primary that answers)";
+  } else if (code == "MOVED" || code == "ASK" || code == "CROSSSLOT" || code == "TRYAGAIN") {
+    cause = "Redis Cluster redirection (a redis:// URL talks to one node: open a cluster with "
+            "redis+cluster://host:port,host:port)";
   } else {
     cause = "server error";
   }
