@@ -7,7 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <future>
 #include <memory>
 #include <sstream>
@@ -220,6 +226,195 @@ TEST(RedisCluster, ASlotMigratingBetweenCallsIsFollowed) {
   // Tokens still increase for the key whose record moved with its slot's token key.
   ASSERT_TRUE(store->forget(scope, moved));
   EXPECT_GT(acquire_token(*store, moved, scope), 0u);
+}
+
+// Moves every key of `slot` from the node on port `from` to the node on port `to`, then the
+// slot itself (on every primary), as redis-cli --cluster reshard does.
+void migrate_slot(unsigned slot, int from, int to) {
+  const std::string slot_text = std::to_string(slot);
+  const std::string from_id = node_id(from);
+  const std::string to_id = node_id(to);
+  RawRedis src(from);
+  RawRedis dst(to);
+  ASSERT_EQ(dst.text({"CLUSTER", "SETSLOT", slot_text, "IMPORTING", from_id}), "OK");
+  ASSERT_EQ(src.text({"CLUSTER", "SETSLOT", slot_text, "MIGRATING", to_id}), "OK");
+  for (;;) {
+    RawReply keys = src.command({"CLUSTER", "GETKEYSINSLOT", slot_text, "5"});
+    if (!keys || keys->elements == 0) break;
+    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
+                                        "5000", "REPLACE", "KEYS"};
+    for (std::size_t i = 0; i < keys->elements; ++i) {
+      migrate.emplace_back(keys->element[i]->str, keys->element[i]->len);
+    }
+    ASSERT_EQ(src.text(migrate), "OK");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the callers meet it
+  }
+  for (int p : cluster_ports()) (void)RawRedis(p).text({"CLUSTER", "SETSLOT", slot_text, "NODE", to_id});
+}
+
+// Eight threads run fresh keys and then replays of them, all in one slot, while that slot
+// migrates to another primary and back, a few keys at a time: no error reaches a caller,
+// and every key is acquired exactly once (every other call replays it).
+TEST(RedisCluster, ASlotMigratingUnderLoadLosesNothingAndRunsEveryKeyOnce) {
+  const std::string prefix = fresh_prefix("reshard");
+  const std::string scope = prefix;
+  auto store = open_store(with_param(cluster_url(), "prefix", prefix));
+  const unsigned slot = redis::hash_slot(redis::record_key(prefix, scope, "m0"));
+  const int source = owner_port(slot);
+  int target = 0;
+  for (unsigned s = 0; s < redis::kHashSlots && target == 0; s += 1000) {
+    if (owner_port(s) != source) target = owner_port(s);
+  }
+  ASSERT_NE(target, 0);
+  constexpr int kThreads = 8;
+  constexpr int kKeysPerThread = 40;
+  std::vector<std::vector<std::string>> keys(kThreads);
+  for (int i = 0, found = 0; found < kThreads * kKeysPerThread; ++i) {
+    const std::string key = "m" + std::to_string(i);
+    if (redis::hash_slot(redis::record_key(prefix, scope, key)) == slot) {
+      keys[static_cast<std::size_t>(found % kThreads)].push_back(key);
+      ++found;
+    }
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::mutex mu;
+  std::map<std::string, int> acquired;
+  std::string first_error;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; !stop.load(); ++round) {
+        for (const std::string& key : keys[static_cast<std::size_t>(t)]) {
+          try {
+            const AcquireResult r = store->acquire(scope, key, Duration{30000}, Duration{600000});
+            if (std::holds_alternative<Acquired>(r)) {
+              {
+                std::lock_guard lock(mu);
+                ++acquired[key];
+              }
+              if (store->complete(scope, key, std::get<Acquired>(r).lease.token, "v",
+                                  Duration{600000}) != WriteResult::kDone) {
+                ++errors;
+              }
+            } else if (!std::holds_alternative<Replay>(r)) {
+              ++errors;
+            }
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mu);
+            if (first_error.empty()) first_error = e.what();
+            ++errors;
+          }
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  migrate_slot(slot, source, target);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  migrate_slot(slot, target, source);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0) << first_error;
+  EXPECT_EQ(owner_port(slot), source);
+  ASSERT_EQ(acquired.size(), static_cast<std::size_t>(kThreads * kKeysPerThread));
+  for (const auto& [key, times] : acquired) EXPECT_EQ(times, 1) << key;
+}
+
+// A replica takes over from its primary (CLUSTER FAILOVER) while eight threads record fresh
+// keys with wait_replicas=1: callers see nothing but StoreUnavailable while it happens,
+// every thread records again afterwards, and every key reported recorded is there.
+TEST(RedisCluster, AClusterFailoverUnderLoadKeepsEveryRecordedKey) {
+  const std::string prefix = fresh_prefix("cfailover");
+  auto store = open_store(with_param(cluster_url(), "prefix", prefix) +
+                          "&wait_replicas=1&wait_timeout=1000&timeout=3000");
+  // The replica of the primary that serves slot 0.
+  const int primary = owner_port(0);
+  const std::string primary_id = node_id(primary);
+  int replica = 0;
+  for (int p : cluster_ports()) {
+    RawReply role = RawRedis(p).command({"ROLE"});
+    if (role && role->elements >= 3 && std::string(role->element[0]->str) == "slave" &&
+        role->element[2]->integer == primary) {
+      replica = p;
+    }
+  }
+  ASSERT_NE(replica, 0) << "no replica of the primary on port " << primary;
+  std::atomic<bool> stop{false};
+  std::atomic<int> unavailable{0};
+  std::atomic<int> other_errors{0};
+  std::mutex mu;
+  std::vector<std::string> recorded;
+  std::map<int, std::chrono::steady_clock::time_point> last_success;
+  std::string first_error;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; !stop.load(); ++i) {
+        const std::string key = std::to_string(t) + ":" + std::to_string(i);
+        try {
+          const AcquireResult r = store->acquire("s", key, Duration{5000}, Duration{600000});
+          if (!std::holds_alternative<Acquired>(r)) {
+            ++other_errors;
+            continue;
+          }
+          if (store->complete("s", key, std::get<Acquired>(r).lease.token, "v" + key,
+                              Duration{600000}) == WriteResult::kDone) {
+            std::lock_guard lock(mu);
+            recorded.push_back(key);
+            last_success[t] = std::chrono::steady_clock::now();
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        } catch (const StoreUnavailable&) {
+          ++unavailable;
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          if (first_error.empty()) first_error = e.what();
+          ++other_errors;
+        }
+      }
+    });
+  }
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      stop = true;
+      for (auto& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } joiner{stop, threads};
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(RawRedis(replica).text({"CLUSTER", "FAILOVER"}), "OK");
+  for (int i = 0; i < 100 && owner_port(0) != replica; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(owner_port(0), replica) << "the replica did not take over";
+  const auto failover_at = std::chrono::steady_clock::now();
+  bool all_recovered = false;
+  for (int i = 0; i < 200 && !all_recovered; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::lock_guard lock(mu);
+    all_recovered = last_success.size() == 8;
+    for (const auto& [t, at] : last_success) {
+      all_recovered = all_recovered && at > failover_at + std::chrono::seconds(1);
+    }
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(all_recovered) << "a caller never recorded again after the failover";
+  EXPECT_EQ(other_errors.load(), 0) << first_error;
+  std::cout << "recorded " << recorded.size() << " keys; " << unavailable.load()
+            << " calls failed with StoreUnavailable during the failover\n";
+  auto check = open_store(with_param(cluster_url(), "prefix", prefix));
+  for (const std::string& key : recorded) {
+    const std::optional<Record> r = check->get("s", key);
+    ASSERT_TRUE(r.has_value()) << key << " was reported recorded and is lost";
+    EXPECT_EQ(r->state, RecordState::kComplete);
+  }
 }
 
 }  // namespace
