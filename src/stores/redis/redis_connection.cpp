@@ -470,9 +470,18 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
     return {};
   }
   if (settings_.tls_context && settings_.socket.empty()) {
+    // The handshake is part of connecting: it gets the connect timeout.
+    if (redisSetTimeout(c, connect_tv) != REDIS_OK) {
+      error = "cannot set up the connection: " + std::string(c->errstr);
+      return {};
+    }
     error = tls_start(*link, settings_.tls_context.get(), settings_.tls, host,
                       settings_.connect_timeout);
     if (!error.empty()) return {};
+    if (redisSetTimeout(c, to_timeval(settings_.io_timeout)) != REDIS_OK) {
+      error = "cannot set up the connection: " + std::string(c->errstr);
+      return {};
+    }
   }
 
   // One round trip: AUTH, SELECT, then every script, so EVALSHA finds them even after a
