@@ -125,6 +125,22 @@ TEST(RedisCluster, OneHeartbeatExtendsLeasesOnEveryNode) {
   EXPECT_EQ(results.back().result, WriteResult::kFenced);
 }
 
+TEST(RedisCluster, ReplayByGetAndReadOnlyWorkOnEveryNode) {
+  const std::string prefix = fresh_prefix("get");
+  auto store = open_store(with_param(cluster_url(), "prefix", prefix) + "&replay=get");
+  auto reader = open_store(with_param(cluster_url(), "prefix", prefix), OpenOptions{.read_only = true});
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    const Token t = acquire_token(*store, key);
+    ASSERT_EQ(store->complete("s", key, t, "v" + key, Duration{600000}), WriteResult::kDone);
+    for (Store* s : {store.get(), reader.get()}) {
+      const AcquireResult r = s->acquire("s", key, Duration{30000}, Duration{600000});
+      ASSERT_TRUE(std::holds_alternative<Replay>(r)) << key;
+      EXPECT_EQ(std::get<Replay>(r).payload, "v" + key);
+    }
+  }
+}
+
 TEST(RedisCluster, UrlForms) {
   EXPECT_THROW((void)open_store("redis+cluster://127.0.0.1:1,127.0.0.1:2/3"), InvalidArgument);
   const std::string one_seed =
