@@ -11,6 +11,7 @@ IDEM_PACKAGES=(
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
   pgbouncer  # in front of the test PostgreSQL in both pooling modes (scripts/servers.sh)
   libboost-dev libssl-dev curl wrk
+  openssl  # certificates for the Redis TLS tests (scripts/servers.sh, idem_make_tls_certs)
   libsystemd-dev systemd python3-yaml  # idem proxy: sd_notify; its deployment examples' tests
   util-linux bsdutils  # setpriv and script, for the idem tool's tests
   clang-14 libfuzzer-14-dev  # the fuzzers (scripts/fuzz.sh)

@@ -7,6 +7,8 @@
 #   ... IDEM_TEST_POSTGRES_URL and IDEM_TEST_REDIS_URL are set ...
 #   idem_start_pgbouncer transaction; idem_start_pgbouncer session   (after PostgreSQL)
 #   ... IDEM_TEST_PGBOUNCER_TX_URL and IDEM_TEST_PGBOUNCER_SESSION_URL are set ...
+#   idem_start_redis_tls; idem_start_redis_sentinel; idem_start_redis_cluster
+#   ... IDEM_TEST_REDIS_TLS_URL, IDEM_TEST_REDIS_SENTINEL_URL, IDEM_TEST_REDIS_CLUSTER_URL ...
 #
 # Nothing here listens beyond 127.0.0.1 and the temporary unix sockets.
 
@@ -158,4 +160,162 @@ idem_start_redis() {
   export IDEM_TEST_REDIS_SOCKET=$dir/redis.sock
   export IDEM_TEST_REDIS_PORT=$port
   echo "== Redis on 127.0.0.1:$port (socket $dir/redis.sock)"
+}
+
+# Waits until redis-cli -p PORT (extra arguments: TLS options) answers PING; prints LOG and
+# fails when it does not within 10 s.
+idem_wait_redis() {
+  local port=$1 log=$2; shift 2
+  local i
+  for i in $(seq 1 100); do
+    redis-cli -p "$port" "$@" ping 2>/dev/null | grep -q PONG && return 0
+    sleep 0.1
+  done
+  cat "$log" >&2
+  return 1
+}
+
+# Certificates for the TLS tests, made with openssl into DIR: a CA (ca.crt), a server
+# certificate for 127.0.0.1 and localhost signed by it (server.crt, server.key), a client
+# certificate signed by it (client.crt, client.key), a server certificate that expired in
+# 2020 (expired.crt, expired.key; made under faketime), and a second CA that signed nothing
+# (wrong-ca.crt). One-day certificates, 2048-bit RSA.
+idem_make_tls_certs() {
+  local dir=$1
+  (
+    set -e
+    cd "$dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=idem test CA" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=idem wrong CA" \
+      -keyout wrong-ca.key -out wrong-ca.crt 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >server.ext
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key \
+      -out server.csr 2>/dev/null
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 \
+      -extfile server.ext -out server.crt 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=idem client" -keyout client.key \
+      -out client.csr 2>/dev/null
+    openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 1 \
+      -out client.crt 2>/dev/null
+    # A server certificate that expired: signed while faketime says it is 2020.
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout expired.key \
+      -out expired.csr 2>/dev/null
+    faketime '2020-01-01 00:00:00' openssl x509 -req -in expired.csr -CA ca.crt -CAkey ca.key \
+      -CAcreateserial -days 1 -extfile server.ext -out expired.crt 2>/dev/null
+    chmod 644 ./*.key
+  )
+}
+
+# Redis over TLS: a second server listening with TLS on 127.0.0.1 (client certificates
+# optional) and in plain TCP on another port (the TLS-versus-plain figures), with the
+# certificates of idem_make_tls_certs. Exports IDEM_TEST_REDIS_TLS_URL (rediss://, with
+# tls_ca=), IDEM_TEST_REDIS_TLS_DIR (the certificates), IDEM_TEST_REDIS_TLS_PORT and
+# IDEM_TEST_REDIS_TLS_PLAIN_PORT.
+idem_start_redis_tls() {
+  local dir port plain
+  dir=$(mktemp -d /tmp/idem-redis-tls.XXXXXX)
+  _idem_server_dirs+=("$dir")
+  idem_make_tls_certs "$dir" || return 1
+  port=$(idem_free_port)
+  plain=$(idem_free_port)
+  redis-server --bind 127.0.0.1 --port "$plain" --tls-port "$port" \
+    --tls-cert-file "$dir/server.crt" --tls-key-file "$dir/server.key" \
+    --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients optional \
+    --save "" --appendonly no --dir "$dir" --daemonize yes \
+    --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+  _idem_server_stops+=("kill \$(cat '$dir/redis.pid')")
+  idem_wait_redis "$port" "$dir/redis.log" --tls --cacert "$dir/ca.crt" || return 1
+  export IDEM_TEST_REDIS_TLS_URL="rediss://127.0.0.1:$port/0?tls_ca=$dir/ca.crt"
+  export IDEM_TEST_REDIS_TLS_DIR=$dir
+  export IDEM_TEST_REDIS_TLS_PORT=$port
+  export IDEM_TEST_REDIS_TLS_PLAIN_PORT=$plain
+  echo "== Redis over TLS on 127.0.0.1:$port (plain TCP on $plain, certificates in $dir)"
+}
+
+# Redis Sentinel: a primary, one replica and three sentinels (quorum 2, a primary is down
+# after 1 s) watching it as service "idemtest". Exports IDEM_TEST_REDIS_SENTINEL_URL
+# (redis+sentinel://the three sentinels/idemtest) and IDEM_TEST_REDIS_SENTINEL_PORTS.
+idem_start_redis_sentinel() {
+  local dir primary replica ports=() i s
+  dir=$(mktemp -d /tmp/idem-redis-sentinel.XXXXXX)
+  _idem_server_dirs+=("$dir")
+  primary=$(idem_free_port)
+  replica=$(idem_free_port)
+  for name in primary replica; do
+    local p=${!name}
+    mkdir -p "$dir/$name"
+    local extra=()
+    [[ $name == replica ]] && extra=(--replicaof 127.0.0.1 "$primary")
+    redis-server --bind 127.0.0.1 --port "$p" --save "" --appendonly no --dir "$dir/$name" \
+      --daemonize yes --pidfile "$dir/$name/redis.pid" --logfile "$dir/$name/redis.log" \
+      "${extra[@]}" >/dev/null
+    _idem_server_stops+=("kill \$(cat '$dir/$name/redis.pid')")
+    idem_wait_redis "$p" "$dir/$name/redis.log" || return 1
+  done
+  for i in 1 2 3; do
+    s=$(idem_free_port)
+    mkdir -p "$dir/s$i"
+    cat >"$dir/s$i/sentinel.conf" <<CONF
+bind 127.0.0.1
+port $s
+daemonize yes
+pidfile $dir/s$i/sentinel.pid
+logfile $dir/s$i/sentinel.log
+dir $dir/s$i
+sentinel monitor idemtest 127.0.0.1 $primary 2
+sentinel down-after-milliseconds idemtest 1000
+sentinel failover-timeout idemtest 6000
+sentinel parallel-syncs idemtest 1
+CONF
+    redis-server "$dir/s$i/sentinel.conf" --sentinel >/dev/null
+    _idem_server_stops+=("kill \$(cat '$dir/s$i/sentinel.pid')")
+    idem_wait_redis "$s" "$dir/s$i/sentinel.log" || return 1
+    ports+=("$s")
+  done
+  # Until every sentinel knows the replica (a forced failover needs one).
+  for s in "${ports[@]}"; do
+    for i in $(seq 1 100); do
+      redis-cli -p "$s" sentinel replicas idemtest 2>/dev/null | grep -q "$replica" && break
+      sleep 0.1
+    done
+  done
+  export IDEM_TEST_REDIS_SENTINEL_URL="redis+sentinel://127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}/idemtest"
+  export IDEM_TEST_REDIS_SENTINEL_PORTS="${ports[*]}"
+  echo "== Redis Sentinel: primary 127.0.0.1:$primary, replica $replica, sentinels ${ports[*]}"
+}
+
+# Redis Cluster: three primaries with one replica each on loopback, made with
+# redis-cli --cluster create. Exports IDEM_TEST_REDIS_CLUSTER_URL (redis+cluster:// with
+# every primary as a seed) and IDEM_TEST_REDIS_CLUSTER_PORTS (the six ports).
+idem_start_redis_cluster() {
+  local dir ports=() p i
+  dir=$(mktemp -d /tmp/idem-redis-cluster.XXXXXX)
+  _idem_server_dirs+=("$dir")
+  for i in 1 2 3 4 5 6; do
+    p=$(idem_free_port)
+    mkdir -p "$dir/n$i"
+    redis-server --bind 127.0.0.1 --port "$p" --cluster-enabled yes \
+      --cluster-config-file "$dir/n$i/nodes.conf" --cluster-node-timeout 2000 \
+      --save "" --appendonly no --dir "$dir/n$i" --daemonize yes \
+      --pidfile "$dir/n$i/redis.pid" --logfile "$dir/n$i/redis.log" >/dev/null
+    _idem_server_stops+=("kill \$(cat '$dir/n$i/redis.pid')")
+    ports+=("$p")
+  done
+  for p in "${ports[@]}"; do idem_wait_redis "$p" "$dir/n1/redis.log" || return 1; done
+  local addrs=()
+  for p in "${ports[@]}"; do addrs+=("127.0.0.1:$p"); done
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+    >"$dir/create.log" 2>&1 || { cat "$dir/create.log" >&2; return 1; }
+  for i in $(seq 1 100); do
+    local ok=1
+    for p in "${ports[@]}"; do
+      redis-cli -p "$p" cluster info 2>/dev/null | grep -q "cluster_state:ok" || ok=0
+    done
+    ((ok)) && break
+    sleep 0.1
+  done
+  export IDEM_TEST_REDIS_CLUSTER_URL="redis+cluster://127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}"
+  export IDEM_TEST_REDIS_CLUSTER_PORTS="${ports[*]}"
+  echo "== Redis Cluster: 3 primaries and 3 replicas on 127.0.0.1 ports ${ports[*]}"
 }

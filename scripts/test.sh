@@ -44,6 +44,11 @@ idem_start_postgres
 idem_start_pgbouncer transaction
 idem_start_pgbouncer session
 idem_start_redis
+# Redis over TLS, behind Sentinel, and as a 3-primary cluster (label redis_topology, release
+# only): about 10 s to start, and their tests add about a minute of ctest time.
+idem_start_redis_tls
+idem_start_redis_sentinel
+idem_start_redis_cluster
 stage_done "start PostgreSQL, PgBouncer and Redis"
 
 build_and_test() {

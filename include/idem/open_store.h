@@ -7,7 +7,8 @@
 //   sqlite:relative/path.db
 //   postgresql://user@host:port/db?...        (when built with PostgreSQL)
 //   redis://[user:password@]host:port/db[?options]   (when built with Redis;
-//   unix:///path/redis.sock[?db=N&options]            see stores/redis_store.h)
+//   unix:///path/redis.sock[?db=N&options]            see stores/redis_store.h;
+//   rediss://, redis+sentinel://, redis+cluster://    TLS, Sentinel, Cluster)
 //
 // An unknown scheme, a malformed URL, a store this build does not include or an unreachable
 // server throws idem::InvalidArgument or idem::StoreUnavailable naming what is wrong.
@@ -76,7 +77,8 @@ std::string sqlite_store_url(std::string_view path);
 std::shared_ptr<Store> open_default_store(const OpenOptions& options = {});
 
 // A URL split into its parts. `scheme:rest` forms keep everything after the colon in
-// `path`; `scheme://[user[:password]@]host[:port]/path?query` fills every field.
+// `path`; `scheme://[user[:password]@]host[:port]/path?query` fills every field. A list of
+// servers (`host:port,host:port`) is kept whole in `host`, with no port.
 struct Url {
   std::string scheme;
   std::string user;

@@ -123,7 +123,10 @@ Url parse_url(std::string_view text) {
     }
     std::string_view host = authority;
     std::string_view port;
-    if (!authority.empty() && authority.front() == '[') {  // [IPv6]:port
+    if (authority.find(',') != std::string_view::npos) {
+      // A list of servers (host:port,host:port: Redis Sentinel and Cluster seeds): the
+      // whole list is the host, for the store to split; no port.
+    } else if (!authority.empty() && authority.front() == '[') {  // [IPv6]:port
       std::size_t close = authority.find(']');
       if (close == std::string_view::npos) bad_url(text, "unclosed '[' in host");
       host = authority.substr(1, close - 1);

@@ -213,6 +213,18 @@ TEST(ParseUrl, UnbracketedIpv6HostIsRejected) {
   expect_bad_url("redis://fe80::1:6379/0", "IPv6");
 }
 
+TEST(ParseUrl, AListOfServersIsKeptWholeInTheHost) {
+  // Redis Sentinel and Cluster URLs: the store splits the list.
+  const Url u = parse_url("redis+cluster://app:pw@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002/x?a=b");
+  EXPECT_EQ(u.scheme, "redis+cluster");
+  EXPECT_EQ(u.user, "app");
+  EXPECT_EQ(u.password, "pw");
+  EXPECT_EQ(u.host, "10.0.0.1:7000,10.0.0.2:7001,[::1]:7002");
+  EXPECT_EQ(u.port, 0);
+  EXPECT_EQ(u.path, "/x");
+  EXPECT_EQ(u.param("a"), "b");
+}
+
 TEST(ParseUrl, EmptyQueryNameIsNamed) {
   expect_bad_url("sqlite:x.db?=v", "empty query parameter name");
 }

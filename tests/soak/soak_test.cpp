@@ -338,6 +338,35 @@ TEST(CrashSoak, Redis) {
               .unique_tokens = false},
        logs.path());
 }
+
+// The same over TLS (rediss://): a private server with a TLS port, the certificates that
+// scripts/servers.sh made for the TLS server (IDEM_TEST_REDIS_TLS_DIR), 25 s of soak unless
+// IDEM_SOAK_SECONDS says otherwise. Every reconnection after a crash is a new handshake.
+TEST(CrashSoak, RedisTls) {
+  IDEM_SKIP_OR_FAIL_UNLESS(have_program("redis-server"), "redis-server is not installed");
+  const char* certs = std::getenv("IDEM_TEST_REDIS_TLS_DIR");
+  IDEM_SKIP_OR_FAIL_UNLESS(certs != nullptr && *certs != '\0',
+                           "IDEM_TEST_REDIS_TLS_DIR is not set (scripts/servers.sh, "
+                           "idem_start_redis_tls)");
+  const std::string dir = certs;
+  TempDir logs;
+  const int tls_port = unused_port();
+  PrivateRedis server({"--appendonly", "yes", "--appendfsync", "always", "--tls-port",
+                       std::to_string(tls_port), "--tls-cert-file", dir + "/server.crt",
+                       "--tls-key-file", dir + "/server.key", "--tls-ca-cert-file",
+                       dir + "/ca.crt", "--tls-auth-clients", "no"});
+  ASSERT_TRUE(server.ok());
+  soak(Target{.name = "redis_tls",
+              .url = "rediss://127.0.0.1:" + std::to_string(tls_port) + "/0?timeout=300&tls_ca=" +
+                     dir + "/ca.crt",
+              .kill_server = [&] { server.kill(); },
+              .restart_server = [&] { server.restart(); },
+              .pause_server = [&] { server.pause(); },
+              .resume_server = [&] { server.resume(); },
+              .unique_tokens = false,
+              .default_seconds = 25},
+       logs.path());
+}
 #endif
 
 }  // namespace

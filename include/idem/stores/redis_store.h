@@ -4,16 +4,23 @@
 // the server itself (native expiry). Opened by
 //
 //   redis://[user:password@]host[:port][/db][?options]
+//   rediss://...                      the same over TLS
 //   unix://[user:password@]/path/to/redis.sock[?db=N&options]
+//   redis+sentinel://[user:password@]host:port[,host:port...]/service[?options]
+//   redis+cluster://[user:password@]host:port[,host:port...][?options]
+//   rediss+sentinel://..., rediss+cluster://...   the same over TLS
 //
 // (see open_store.h and docs/stores/redis.md). Needs Redis 6.2 or later. Tokens increase
 // strictly across the whole store (SPEC §2), whatever the server's clock does, for as long
-// as the store's token key survives.
+// as the store's token key survives; on Redis Cluster they increase strictly per key (one
+// token key per hash slot), and two keys may get the same token.
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "idem/store.h"
 
@@ -28,12 +35,35 @@ enum class RedisReplayPath {
   kGet,
 };
 
+// How the store finds its server (docs/stores/redis.md, "Deployments").
+enum class RedisTopology {
+  kStandalone,  // host:port or socket
+  kSentinel,    // ask `addresses` (sentinels) for the primary of `service`
+  kCluster,     // Redis Cluster: `addresses` are seed nodes; each key goes to its slot's primary
+};
+
 struct RedisStoreOptions {
   // The server over TCP. Unused when `socket` is set.
   std::string host = "127.0.0.1";
   int port = 6379;
   // A unix socket path; when not empty, the store connects to it instead of host:port.
   std::string socket;
+  RedisTopology topology = RedisTopology::kStandalone;
+  // Sentinels (kSentinel) or seed nodes (kCluster), as (host, port).
+  std::vector<std::pair<std::string, int>> addresses;
+  // The name the sentinels know the primary by (kSentinel).
+  std::string service;
+  // TLS on every TCP connection (rediss://). The server's certificate is checked against
+  // tls_ca_file / tls_ca_dir (none: the system's CAs) and must name tls_server_name (empty:
+  // the host connected to), which is also sent as SNI. tls_verify = false accepts any
+  // certificate: encryption without knowing who answers (URL: tls_verify=off).
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_ca_dir;
+  std::string tls_cert_file;  // a client certificate, with its key, when the server asks
+  std::string tls_key_file;
+  std::string tls_server_name;
+  bool tls_verify = true;
   // AUTH: an ACL user and its password. No password: no AUTH. A password alone
   // authenticates as the default user.
   std::string user;

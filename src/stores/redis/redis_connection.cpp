@@ -1,11 +1,15 @@
 #include "stores/redis/redis_connection.h"
 
+#include <arpa/inet.h>
 #include <limits.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -83,7 +87,258 @@ std::string read_reply(redisContext* c, Reply& out, Duration timeout) {
 
 std::string_view reply_text(const redisReply& r) { return {r.str, r.len}; }
 
+// --- TLS over the hiredis socket (see Link) ----------------------------------------------
+
+std::string openssl_errors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out;
+}
+
+// Sends what OpenSSL has encrypted into the write BIO, with one send where the kernel
+// takes it all, then empties the BIO.
+std::string tls_flush(Link& l, Duration timeout) {
+  BIO* wbio = SSL_get_wbio(l.tls.get());
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(wbio, &data);
+  if (n <= 0) return {};
+  std::vector<iovec> iov{{data, static_cast<std::size_t>(n)}};
+  std::string e = send_all(l.hiredis->fd, iov, timeout);
+  (void)BIO_reset(wbio);
+  return e;
+}
+
+// Reads what the socket has (waiting up to its timeout) into OpenSSL's read BIO.
+std::string tls_fill(Link& l, Duration timeout) {
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::recv(l.hiredis->fd, buf, sizeof buf, 0);
+    if (n > 0) {
+      BIO_write(SSL_get_rbio(l.tls.get()), buf, static_cast<int>(n));
+      return {};
+    }
+    if (n == 0) return "the server closed the connection";
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return "timed out after " + ms(timeout) + " waiting for the server's reply";
+    }
+    return "cannot read from the server: " + errno_text(errno);
+  }
+}
+
+// Why the server's certificate was refused, in words that say which check failed.
+std::string verify_failure(long result, const std::string& name) {
+  const std::string detail = X509_verify_cert_error_string(result);
+  switch (result) {
+    case X509_V_ERR_HOSTNAME_MISMATCH:
+    case X509_V_ERR_IP_ADDRESS_MISMATCH:
+      return "TLS: the server's certificate is not for \"" + name +
+             "\" (wrong host name: " + detail +
+             "); connect by a name the certificate lists, or set tls_server_name";
+    case X509_V_ERR_CERT_HAS_EXPIRED:
+      return "TLS: the server's certificate has expired (" + detail + ")";
+    case X509_V_ERR_CERT_NOT_YET_VALID:
+      return "TLS: the server's certificate is not valid yet (" + detail + ")";
+    case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+    case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
+    case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+    case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+    case X509_V_ERR_UNABLE_TO_VERIFY_LEAF_SIGNATURE:
+    case X509_V_ERR_CERT_SIGNATURE_FAILURE:
+      return "TLS: the server's certificate is not signed by a trusted CA (" + detail +
+             "); give its CA with tls_ca= or tls_ca_dir=";
+    default:
+      return "TLS: the server's certificate was refused (" + detail + ")";
+  }
+}
+
+bool is_ip_address(const std::string& name) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, name.c_str(), buf) == 1 || inet_pton(AF_INET6, name.c_str(), buf) == 1;
+}
+
+// Starts TLS on the connected socket of `l`: SNI, the name check, the handshake.
+std::string tls_start(Link& l, SSL_CTX* ctx, const TlsSettings& tls, const std::string& host,
+                      Duration timeout) {
+  ERR_clear_error();
+  l.tls.reset(SSL_new(ctx));
+  if (!l.tls) return "TLS: cannot create a session: " + openssl_errors();
+  BIO* rbio = BIO_new(BIO_s_mem());
+  BIO* wbio = BIO_new(BIO_s_mem());
+  if (rbio == nullptr || wbio == nullptr) {
+    BIO_free(rbio);
+    BIO_free(wbio);
+    return "TLS: out of memory";
+  }
+  SSL_set_bio(l.tls.get(), rbio, wbio);
+  const std::string name = tls.server_name.empty() ? host : tls.server_name;
+  const bool ip = is_ip_address(name);
+  if (!ip) SSL_set_tlsext_host_name(l.tls.get(), name.c_str());
+  if (tls.verify) {
+    const int ok = ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(l.tls.get()), name.c_str())
+                      : SSL_set1_host(l.tls.get(), name.c_str());
+    if (ok != 1) return "TLS: cannot check the server name \"" + name + "\": " + openssl_errors();
+  }
+  SSL_set_connect_state(l.tls.get());
+  for (;;) {
+    const int r = SSL_do_handshake(l.tls.get());
+    if (std::string e = tls_flush(l, timeout); !e.empty()) return "TLS handshake: " + e;
+    if (r == 1) return {};
+    const int err = SSL_get_error(l.tls.get(), r);
+    if (err == SSL_ERROR_WANT_READ) {
+      if (std::string e = tls_fill(l, timeout); !e.empty()) {
+        return "TLS handshake: " + e + " (is the server speaking TLS on this port?)";
+      }
+      continue;
+    }
+    if (err == SSL_ERROR_WANT_WRITE) continue;
+    const long verified = SSL_get_verify_result(l.tls.get());
+    if (tls.verify && verified != X509_V_OK) return verify_failure(verified, name);
+    const std::string why = openssl_errors();
+    return "TLS handshake failed: " + (why.empty() ? std::string("no detail") : why) +
+           " (is the server speaking TLS on this port?)";
+  }
+}
+
+// Sends every buffer over the link.
+std::string link_send(Link& l, std::vector<iovec>& iov, Duration timeout) {
+  if (!l.tls) return send_all(l.hiredis->fd, iov, timeout);
+  // One SSL_write for the whole batch: as few TLS records (and AEAD passes, on both sides)
+  // as its size allows. Into the memory BIO, which grows: everything is taken at once.
+  std::string batch;
+  if (iov.size() == 1) {
+    batch.assign(static_cast<const char*>(iov[0].iov_base), iov[0].iov_len);
+  } else {
+    std::size_t total = 0;
+    for (const iovec& v : iov) total += v.iov_len;
+    batch.reserve(total);
+    for (const iovec& v : iov) batch.append(static_cast<const char*>(v.iov_base), v.iov_len);
+  }
+  if (!batch.empty() &&
+      SSL_write(l.tls.get(), batch.data(), static_cast<int>(batch.size())) <= 0) {
+    return "TLS: cannot encrypt the request: " + openssl_errors();
+  }
+  return tls_flush(l, timeout);
+}
+
+// Reads one reply from the link.
+std::string link_read(Link& l, Reply& out, Duration timeout) {
+  if (!l.tls) return read_reply(l.hiredis.get(), out, timeout);
+  redisReader* reader = l.hiredis->reader;
+  for (;;) {
+    void* raw = nullptr;
+    if (redisReaderGetReply(reader, &raw) != REDIS_OK) {
+      return "protocol error: " + std::string(reader->errstr);
+    }
+    if (raw != nullptr) {
+      out.reset(static_cast<redisReply*>(raw));
+      return {};
+    }
+    char buf[16384];
+    const int n = SSL_read(l.tls.get(), buf, sizeof buf);
+    if (n > 0) {
+      redisReaderFeed(reader, buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    const int err = SSL_get_error(l.tls.get(), n);
+    if (err == SSL_ERROR_WANT_READ) {
+      if (std::string e = tls_flush(l, timeout); !e.empty()) return e;
+      if (std::string e = tls_fill(l, timeout); !e.empty()) return e;
+      continue;
+    }
+    if (err == SSL_ERROR_ZERO_RETURN) return "the server closed the connection";
+    return "TLS error: " + openssl_errors();
+  }
+}
+
+// Sentinel: asks each sentinel in turn for the address of the service's primary
+// (SENTINEL get-master-addr-by-name); the first answer wins.
+std::string ask_sentinels(const ConnectionSettings& s, std::string& host, int& port) {
+  std::string failures;
+  for (const auto& [h, p] : s.sentinels) {
+    const std::string at = h + ":" + std::to_string(p);
+    std::unique_ptr<redisContext, ContextDeleter> c(
+        redisConnectWithTimeout(h.c_str(), p, to_timeval(s.connect_timeout)));
+    if (!failures.empty()) failures += "; ";
+    if (c == nullptr || c->err != 0) {
+      failures += at + ": cannot connect: " + (c ? std::string(c->errstr) : "out of memory");
+      continue;
+    }
+    redisSetTimeout(c.get(), to_timeval(s.connect_timeout));
+    const Reply r(static_cast<redisReply*>(redisCommand(c.get(), "SENTINEL get-master-addr-by-name %b",
+                                                        s.sentinel_service.data(),
+                                                        s.sentinel_service.size())));
+    if (!r) {
+      failures += at + ": " + context_error(c.get(), s.connect_timeout);
+      continue;
+    }
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING) {
+      const std::string_view port_text = reply_text(*r->element[1]);
+      int value = 0;
+      const auto [end, ec] =
+          std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+      if (ec == std::errc{} && end == port_text.data() + port_text.size()) {
+        host = std::string(reply_text(*r->element[0]));
+        port = value;
+        return {};
+      }
+    }
+    if (r->type == REDIS_REPLY_NIL) {
+      failures += at + ": monitors no service named \"" + s.sentinel_service + "\"";
+    } else if (r->type == REDIS_REPLY_ERROR) {
+      failures += at + ": " + explain_server_error(reply_text(*r));
+    } else {
+      failures += at + ": unexpected reply";
+    }
+  }
+  return "no sentinel named a primary for \"" + s.sentinel_service + "\" (" + failures + ")";
+}
+
 }  // namespace
+
+std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls) {
+  ERR_clear_error();
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
+  if (!ctx) throw InvalidArgument("Redis TLS", "cannot create a TLS context: " + openssl_errors());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  if (tls.verify) {
+    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+    if (!tls.ca_file.empty() || !tls.ca_dir.empty()) {
+      if (SSL_CTX_load_verify_locations(ctx.get(), tls.ca_file.empty() ? nullptr : tls.ca_file.c_str(),
+                                        tls.ca_dir.empty() ? nullptr : tls.ca_dir.c_str()) != 1) {
+        throw InvalidArgument("Redis tls_ca / tls_ca_dir",
+                              "cannot load CA certificates from '" + tls.ca_file + tls.ca_dir +
+                                  "': " + openssl_errors());
+      }
+    } else if (SSL_CTX_set_default_verify_paths(ctx.get()) != 1) {
+      throw InvalidArgument("Redis TLS", "cannot load the system's CA certificates: " +
+                                             openssl_errors());
+    }
+  } else {
+    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_NONE, nullptr);
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    throw InvalidArgument("Redis tls_cert / tls_key", "give both a client certificate and its key, or neither");
+  }
+  if (!tls.cert_file.empty()) {
+    if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
+      throw InvalidArgument("Redis tls_cert", "cannot load the client certificate '" +
+                                                  tls.cert_file + "': " + openssl_errors());
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx.get()) != 1) {
+      throw InvalidArgument("Redis tls_key", "cannot load the client key (or it does not match "
+                                             "the certificate): " + openssl_errors());
+    }
+  }
+  return ctx;
+}
 
 std::string explain_server_error(std::string_view message) {
   const std::string_view code = message.substr(0, message.find(' '));
@@ -108,10 +363,11 @@ std::string explain_server_error(std::string_view message) {
     cause = "the replica has lost its primary";
   } else if (code == "BUSY") {
     cause = "the server is busy running a script";
-  } else if (code == "MOVED" || code == "ASK" || code == "CLUSTERDOWN" || code == "CROSSSLOT" ||
-             code == "TRYAGAIN") {
-    cause = "Redis Cluster redirection (idem talks to one node: give it a standalone server, "
-            "or a cluster proxy)";
+  } else if (code == "CLUSTERDOWN") {
+    cause = "the Redis Cluster is down (a slot has no primary that answers)";
+  } else if (code == "MOVED" || code == "ASK" || code == "CROSSSLOT" || code == "TRYAGAIN") {
+    cause = "Redis Cluster redirection (a redis:// URL talks to one node: open a cluster with "
+            "redis+cluster://host:port,host:port)";
   } else {
     cause = "server error";
   }
@@ -183,11 +439,20 @@ ConnectionStats Connection::stats() const {
 }
 
 Context Connection::handshake(std::string& error, ScriptShas* shas) const {
+  std::string host = settings_.host;
+  int port = settings_.port;
+  std::string where;  // for errors: which server, when the sentinels chose it
+  if (!settings_.sentinels.empty()) {
+    if (error = ask_sentinels(settings_, host, port); !error.empty()) return {};
+    where = " to the primary " + host + ":" + std::to_string(port) + " the sentinels named";
+  }
   const timeval connect_tv = to_timeval(settings_.connect_timeout);
-  Context c(settings_.socket.empty()
-                ? redisConnectWithTimeout(settings_.host.c_str(), settings_.port, connect_tv)
-                : redisConnectUnixWithTimeout(settings_.socket.c_str(), connect_tv));
-  if (!c) {
+  auto link = std::make_unique<Link>();
+  link->hiredis.reset(settings_.socket.empty()
+                          ? redisConnectWithTimeout(host.c_str(), port, connect_tv)
+                          : redisConnectUnixWithTimeout(settings_.socket.c_str(), connect_tv));
+  redisContext* c = link->hiredis.get();
+  if (c == nullptr) {
     error = "cannot connect: out of memory";
     return {};
   }
@@ -196,13 +461,27 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
     if (why == errno_text(EINPROGRESS) || why == errno_text(ETIMEDOUT)) {
       why = "timed out after " + ms(settings_.connect_timeout);
     }
-    error = "cannot connect: " + why;
+    error = "cannot connect" + where + ": " + why;
     return {};
   }
-  if (redisSetTimeout(c.get(), to_timeval(settings_.io_timeout)) != REDIS_OK ||
-      (settings_.socket.empty() && redisEnableKeepAlive(c.get()) != REDIS_OK)) {
+  if (redisSetTimeout(c, to_timeval(settings_.io_timeout)) != REDIS_OK ||
+      (settings_.socket.empty() && redisEnableKeepAlive(c) != REDIS_OK)) {
     error = "cannot set up the connection: " + std::string(c->errstr);
     return {};
+  }
+  if (settings_.tls_context && settings_.socket.empty()) {
+    // The handshake is part of connecting: it gets the connect timeout.
+    if (redisSetTimeout(c, connect_tv) != REDIS_OK) {
+      error = "cannot set up the connection: " + std::string(c->errstr);
+      return {};
+    }
+    error = tls_start(*link, settings_.tls_context.get(), settings_.tls, host,
+                      settings_.connect_timeout);
+    if (!error.empty()) return {};
+    if (redisSetTimeout(c, to_timeval(settings_.io_timeout)) != REDIS_OK) {
+      error = "cannot set up the connection: " + std::string(c->errstr);
+      return {};
+    }
   }
 
   // One round trip: AUTH, SELECT, then every script, so EVALSHA finds them even after a
@@ -227,18 +506,23 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
     w.begin(2).arg("INFO").arg("memory");
     what.emplace_back("INFO");
   }
+  // Sentinel: the server it named must still be the primary (the sentinel may be behind).
+  if (!settings_.sentinels.empty()) {
+    w.begin(1).arg("ROLE");
+    what.emplace_back("ROLE");
+  }
   for (const ScriptId id : settings_.scripts) {
     w.begin(3).arg("SCRIPT").arg("LOAD").arg(kScripts[id]->body);
     what.emplace_back("SCRIPT LOAD");
   }
-  if (what.empty()) return c;
+  if (what.empty()) return link;
   std::vector<iovec> iov{{request.data(), request.size()}};
-  if (error = send_all(c->fd, iov, settings_.io_timeout); !error.empty()) return {};
+  if (error = link_send(*link, iov, settings_.io_timeout); !error.empty()) return {};
   std::string failure;
   std::size_t script = 0;
   for (const std::string& step : what) {
     Reply r;
-    if (error = read_reply(c.get(), r, settings_.io_timeout); !error.empty()) return {};
+    if (error = link_read(*link, r, settings_.io_timeout); !error.empty()) return {};
     if (r->type == REDIS_REPLY_ERROR) {
       if (failure.empty()) {
         if (step == "AUTH") {
@@ -254,6 +538,15 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
         } else {
           failure = "cannot load the store's scripts: " + explain_server_error(reply_text(*r));
         }
+      }
+    } else if (step == "ROLE") {
+      const bool primary = r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+                           r->element[0]->type == REDIS_REPLY_STRING &&
+                           reply_text(*r->element[0]) == "master";
+      if (failure.empty() && !primary) {
+        failure = "the server " + host + ":" + std::to_string(port) +
+                  " that the sentinels named as the primary of \"" + settings_.sentinel_service +
+                  "\" is not a primary (a failover is under way)";
       }
     } else if (step == "INFO") {
       if (failure.empty()) {
@@ -271,7 +564,7 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
     error = failure;
     return {};
   }
-  return c;
+  return link;
 }
 
 std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
@@ -293,18 +586,24 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
   round_trips_.fetch_add(1, std::memory_order_relaxed);
   commands_.fetch_add(commands, std::memory_order_relaxed);
 
-  std::string error = send_all(ctx_->fd, iov, timeout);
+  std::string error = link_send(*ctx_, iov, timeout);
   // Calls that asked for WAIT are answered after its reply, with their own replies.
   std::vector<std::pair<Call*, std::vector<Reply>>> waiting;
   std::size_t answered = 0;
+  bool readonly = false;
   for (; error.empty() && answered < batch.size(); ++answered) {
     Call& call = *batch[answered];
     std::vector<Reply> replies;
     replies.reserve(call.commands);
     for (std::size_t i = 0; i < call.commands && error.empty(); ++i) {
       Reply r;
-      error = read_reply(ctx_.get(), r, timeout);
-      if (error.empty()) replies.push_back(std::move(r));
+      error = link_read(*ctx_, r, timeout);
+      if (error.empty()) {
+        if (r->type == REDIS_REPLY_ERROR && reply_text(*r).substr(0, 8) == "READONLY") {
+          readonly = true;
+        }
+        replies.push_back(std::move(r));
+      }
     }
     if (!error.empty()) break;
     if (call.wait_replicas) {
@@ -315,7 +614,7 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
   }
   if (error.empty() && wait) {
     Reply r;
-    error = read_reply(ctx_.get(), r, timeout);
+    error = link_read(*ctx_, r, timeout);
     if (error.empty()) {
       const bool counted = r->type == REDIS_REPLY_INTEGER;
       const std::string why =
@@ -326,7 +625,14 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
       waiting.clear();
     }
   }
-  if (error.empty()) return {};
+  if (error.empty()) {
+    // Sentinel: the primary became a replica (a failover). Its calls fail with READONLY
+    // (nothing ran); the connection is dropped so the next one asks the sentinels again.
+    if (readonly && !settings_.sentinels.empty()) {
+      return "the server became a replica (READONLY): asking the sentinels for the new primary";
+    }
+    return {};
+  }
   const std::string lost =
       "connection lost: " + error + " (the request was sent, so it may or may not have taken effect)";
   for (auto& [call, replies] : waiting) finish(*call, {}, -1, lost);

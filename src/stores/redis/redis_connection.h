@@ -14,6 +14,7 @@
 // while it is down a Pool routes calls to its other connections.
 
 #include <hiredis/hiredis.h>
+#include <openssl/ssl.h>
 
 #include <array>
 #include <atomic>
@@ -26,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "idem/types.h"
@@ -43,7 +45,34 @@ using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 struct ContextDeleter {
   void operator()(redisContext* c) const noexcept { redisFree(c); }
 };
-using Context = std::unique_ptr<redisContext, ContextDeleter>;
+struct SslDeleter {
+  void operator()(SSL* s) const noexcept { SSL_free(s); }
+};
+
+// One established connection: a hiredis context (the socket, and the reader that parses
+// replies) and, over TLS, an OpenSSL session on that socket. hiredis 0.14 has no TLS, so a
+// TLS connection never lets hiredis read or write: OpenSSL encrypts into and decrypts from
+// memory BIOs, this code moves the bytes over the socket (send with MSG_NOSIGNAL, recv
+// with the socket's timeout), and the decrypted bytes go to hiredis's reader.
+struct Link {
+  std::unique_ptr<redisContext, ContextDeleter> hiredis;
+  std::unique_ptr<SSL, SslDeleter> tls;  // null: plain TCP or a unix socket
+};
+using Context = std::unique_ptr<Link>;
+
+// What a TLS connection checks (docs/stores/redis.md, "TLS").
+struct TlsSettings {
+  std::string ca_file;      // PEM CA certificates; neither: the system's default CAs
+  std::string ca_dir;       // a c_rehash'ed directory of CA certificates
+  std::string cert_file;    // a client certificate (PEM), for servers that ask for one
+  std::string key_file;     // its private key (PEM)
+  std::string server_name;  // SNI and the name the certificate must carry; empty: the host
+  bool verify = true;       // false: accept any certificate (tls_verify=off)
+};
+
+// The OpenSSL context of a store's TLS connections; throws InvalidArgument naming the file
+// it cannot load.
+std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls);
 
 // The SHA1 of each script, as the server names it (SCRIPT LOAD's answer).
 using ScriptShas = std::array<std::string, kScriptCount>;
@@ -51,6 +80,13 @@ using ScriptShas = std::array<std::string, kScriptCount>;
 struct ConnectionSettings {
   std::string host;    // TCP, when socket is empty
   int port = 6379;
+  // TLS on TCP connections when set (rediss://).
+  std::shared_ptr<SSL_CTX> tls_context;
+  TlsSettings tls;
+  // Sentinel: when not empty, host and port are unused; each (re)connection asks these
+  // sentinels for the primary of `sentinel_service`, and checks with ROLE that it is one.
+  std::vector<std::pair<std::string, int>> sentinels;
+  std::string sentinel_service;
   std::string socket;  // a unix socket path
   std::string user;
   std::string password;

@@ -28,8 +28,8 @@
 //   their own; this version reads them as absent and never writes one.
 //   - one more string key per store: PREFIX "tokens", the token key, holding the largest
 //     token the store has issued (8 bytes, big-endian). It has no braces, so it is never a
-//     record's key. (Redis Cluster would need one per hash slot, in the record's slot:
-//     PREFIX "tokens{" tag "}" with a tag of that slot.)
+//     record's key. On Redis Cluster there is one per hash slot, in that slot:
+//     PREFIX "tokens{" tag "}" with a tag of that slot (redis_store.cpp, slot_tags()).
 
 #include <charconv>
 #include <cstddef>

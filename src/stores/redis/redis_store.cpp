@@ -1,9 +1,15 @@
 #include "idem/stores/redis_store.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <numeric>
 #include <optional>
+#include <shared_mutex>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +58,12 @@ bool is_error(const Reply& r, std::string_view code) {
   return r->type == REDIS_REPLY_ERROR && text_of(*r).substr(0, code.size()) == code;
 }
 
+std::string host_port(const std::string& host, int port) {
+  return (host.find(':') == std::string::npos ? host : "[" + host + "]") + ":" +
+         std::to_string(port);
+}
+
+// The store's URL without secrets: the password is "***", TLS files are not named.
 std::string describe_options(const RedisStoreOptions& o) {
   std::string userinfo;
   if (!o.password.empty()) {
@@ -62,8 +74,21 @@ std::string describe_options(const RedisStoreOptions& o) {
   if (!o.socket.empty()) {
     return "unix://" + userinfo + o.socket + (o.db != 0 ? "?db=" + std::to_string(o.db) : "");
   }
-  const std::string host = o.host.find(':') == std::string::npos ? o.host : "[" + o.host + "]";
-  return "redis://" + userinfo + host + ":" + std::to_string(o.port) + "/" + std::to_string(o.db);
+  std::string query;
+  if (o.tls && !o.tls_verify) query += "&tls_verify=off";
+  if (o.tls && !o.tls_server_name.empty()) query += "&tls_server_name=" + o.tls_server_name;
+  if (!query.empty()) query[0] = '?';
+  const std::string scheme = o.tls ? "rediss" : "redis";
+  if (o.topology == RedisTopology::kStandalone) {
+    return scheme + "://" + userinfo + host_port(o.host, o.port) + "/" + std::to_string(o.db) +
+           query;
+  }
+  std::string hosts;
+  for (const auto& [h, p] : o.addresses) hosts += (hosts.empty() ? "" : ",") + host_port(h, p);
+  if (o.topology == RedisTopology::kSentinel) {
+    return scheme + "+sentinel://" + userinfo + hosts + "/" + o.service + query;
+  }
+  return scheme + "+cluster://" + userinfo + hosts + query;
 }
 
 void validate(const RedisStoreOptions& o) {
@@ -77,9 +102,35 @@ void validate(const RedisStoreOptions& o) {
     throw InvalidArgument("Redis key prefix",
                           "must not contain '{' or '}' (each record key carries its own hash tag)");
   }
-  if (o.socket.empty() && o.host.empty()) throw InvalidArgument("Redis host", "must not be empty");
-  if (o.socket.empty() && (o.port <= 0 || o.port > 65535)) {
-    throw InvalidArgument("Redis port", "must be 1 to 65535, got " + std::to_string(o.port));
+  if (o.topology == RedisTopology::kStandalone) {
+    if (o.socket.empty() && o.host.empty()) throw InvalidArgument("Redis host", "must not be empty");
+    if (o.socket.empty() && (o.port <= 0 || o.port > 65535)) {
+      throw InvalidArgument("Redis port", "must be 1 to 65535, got " + std::to_string(o.port));
+    }
+  } else {
+    if (o.addresses.empty()) {
+      throw InvalidArgument("Redis addresses",
+                            o.topology == RedisTopology::kSentinel ? "give at least one sentinel"
+                                                                   : "give at least one seed node");
+    }
+    for (const auto& [h, p] : o.addresses) {
+      if (h.empty() || p <= 0 || p > 65535) {
+        throw InvalidArgument("Redis addresses", "each needs a host and a port 1 to 65535, got '" +
+                                                     h + ":" + std::to_string(p) + "'");
+      }
+    }
+    if (!o.socket.empty()) {
+      throw InvalidArgument("Redis socket", "Sentinel and Cluster connect over TCP only");
+    }
+    if (o.topology == RedisTopology::kSentinel && o.service.empty()) {
+      throw InvalidArgument("Redis sentinel service", "must not be empty (the primary's name)");
+    }
+    if (o.topology == RedisTopology::kCluster && o.db != 0) {
+      throw InvalidArgument("Redis database", "Redis Cluster has only database 0");
+    }
+  }
+  if (o.tls && !o.socket.empty()) {
+    throw InvalidArgument("Redis TLS", "not over a unix socket (use rediss:// with a host)");
   }
   if (o.db < 0) throw InvalidArgument("Redis database", "must not be negative");
   if (o.connections == 0 || o.connections > kMaxConnections) {
@@ -92,16 +143,85 @@ void validate(const RedisStoreOptions& o) {
   if (o.wait_replicas > 0) positive("Redis wait timeout", o.wait_timeout);
 }
 
+// Redis Cluster: for each hash slot, a short text whose slot it is (the decimal number
+// found first by counting up), so the token key of a slot is PREFIX "tokens{" tag "}".
+const std::vector<std::string>& slot_tags() {
+  static const std::vector<std::string> tags = [] {
+    std::vector<std::string> t(redis::kHashSlots);
+    std::size_t left = redis::kHashSlots;
+    for (std::uint64_t n = 0; left > 0; ++n) {
+      std::string text = std::to_string(n);
+      std::string& slot = t[redis::hash_slot(text)];
+      if (slot.empty()) {
+        slot = std::move(text);
+        --left;
+      }
+    }
+    return t;
+  }();
+  return tags;
+}
+
+// A MOVED or ASK error's target: "MOVED 3999 127.0.0.1:6381" -> slot and "host:port".
+bool parse_redirect(std::string_view text, unsigned& slot, std::string& node) {
+  const std::size_t a = text.find(' ');
+  const std::size_t b = a == std::string_view::npos ? a : text.find(' ', a + 1);
+  if (b == std::string_view::npos) return false;
+  const std::string_view number = text.substr(a + 1, b - a - 1);
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), slot);
+  if (ec != std::errc{} || slot >= redis::kHashSlots) return false;
+  node = std::string(text.substr(b + 1));
+  return !node.empty();
+}
+
+// "host:port" -> host and port (the host may be an IPv6 address: the port is after the
+// last colon).
+bool split_node(const std::string& node, std::string& host, int& port) {
+  const std::size_t c = node.rfind(':');
+  if (c == std::string::npos || c == 0) return false;
+  host = node.substr(0, c);
+  if (host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const auto [end, ec] = std::from_chars(node.data() + c + 1, node.data() + node.size(), port);
+  return ec == std::errc{} && end == node.data() + node.size() && port > 0;
+}
+
+constexpr int kMaxRedirections = 16;
+constexpr Duration kMinRefreshInterval{100};
+
 }  // namespace
 
 struct RedisStore::Impl {
+  // A record's Redis key, and the record it holds.
+  struct RecordRef {
+    std::string_view scope;
+    std::string_view key;
+  };
+
+  struct Outcome {
+    std::vector<Reply> replies;
+    long long replicas_acked = -1;
+  };
+
   RedisStoreOptions o;
   std::string describe;
   std::string token_key;  // redis_layout.h
   redis::ScriptShas shas;
   Duration call_timeout;  // with WAIT's timeout when the store waits for replicas
-  std::unique_ptr<redis::Pool> pool;
+  std::unique_ptr<redis::Pool> pool;  // standalone and Sentinel
   std::atomic<std::uint64_t> script_reloads{0};
+
+  // Redis Cluster: a pool per node, created when a slot first leads to it; each slot's
+  // primary as "host:port" (empty: unknown), from CLUSTER SLOTS and MOVED answers.
+  bool cluster = false;
+  redis::ConnectionSettings node_settings;  // host and port set per node
+  mutable std::shared_mutex nodes_mu;
+  std::map<std::string, std::unique_ptr<redis::Pool>> pools;
+  std::vector<std::string> slot_owner;
+  std::mutex refresh_mu;
+  std::atomic<bool> map_stale{false};
+  redis::SteadyClock::time_point last_refresh{};
+  std::atomic<std::uint64_t> redirections{0};
+  bool shas_loaded = false;
 
   explicit Impl(RedisStoreOptions options) : o(std::move(options)) {
     validate(o);
@@ -112,6 +232,15 @@ struct RedisStore::Impl {
     s.host = o.host;
     s.port = o.port;
     s.socket = o.socket;
+    if (o.tls) {
+      s.tls = redis::TlsSettings{o.tls_ca_file, o.tls_ca_dir, o.tls_cert_file, o.tls_key_file,
+                                 o.tls_server_name, o.tls_verify};
+      s.tls_context = redis::make_tls_context(s.tls);
+    }
+    if (o.topology == RedisTopology::kSentinel) {
+      s.sentinels = o.addresses;
+      s.sentinel_service = o.service;
+    }
     s.user = o.user;
     s.password = o.password;
     s.db = o.db;
@@ -130,17 +259,250 @@ struct RedisStore::Impl {
           .arg(std::int64_t{o.wait_replicas})
           .arg(static_cast<std::int64_t>(o.wait_timeout.count()));
     }
+    if (o.topology == RedisTopology::kCluster) {
+      cluster = true;
+      slot_owner.resize(redis::kHashSlots);
+      (void)slot_tags();
+      node_settings = std::move(s);
+      refresh_slots(/*at_open=*/true);
+      return;
+    }
     pool = std::make_unique<redis::Pool>(std::move(s), o.connections, describe);
     pool->connect(&shas);
   }
 
+  // --- Redis Cluster ----------------------------------------------------------------------
+
+  // The pool of node "host:port", connected on first use. Throws StoreUnavailable.
+  redis::Pool& pool_for(const std::string& node) {
+    {
+      std::shared_lock lock(nodes_mu);
+      if (auto it = pools.find(node); it != pools.end()) return *it->second;
+    }
+    redis::ConnectionSettings s = node_settings;
+    if (!split_node(node, s.host, s.port)) fail("the cluster named a node as '" + node + "'");
+    auto p = std::make_unique<redis::Pool>(std::move(s), o.connections,
+                                           describe + " (node " + node + ")");
+    redis::ScriptShas loaded;
+    p->connect(&loaded);  // outside the lock: a slow node must not stall the others
+    std::unique_lock lock(nodes_mu);
+    if (!shas_loaded) {  // the first node, at open, before any other thread
+      shas = loaded;
+      shas_loaded = true;
+    }
+    auto [it, inserted] = pools.emplace(node, std::move(p));
+    return *it->second;
+  }
+
+  // Reads the slot map (CLUSTER SLOTS) from a node that answers: the known nodes first,
+  // then the seeds of the URL. Throws StoreUnavailable when none does.
+  void refresh_slots(bool at_open = false) {
+    std::lock_guard refresh(refresh_mu);
+    std::vector<std::string> candidates;
+    if (!at_open) {
+      std::shared_lock lock(nodes_mu);
+      for (const auto& [node, p] : pools) candidates.push_back(node);
+    }
+    for (const auto& [h, p] : o.addresses) candidates.push_back(host_port(h, p));
+    std::string failures;
+    for (const std::string& node : candidates) {
+      try {
+        redis::Pool& p = pool_for(node);
+        auto call = std::make_shared<Call>();
+        CommandWriter(call->request).begin(2).arg("CLUSTER").arg("SLOTS");
+        call->commands = 1;
+        p.execute(call, call_timeout);
+        const redisReply& r = *call->replies.front();
+        if (r.type != REDIS_REPLY_ARRAY) {
+          failures += "; " + node + ": " +
+                      (r.type == REDIS_REPLY_ERROR
+                           ? redis::explain_server_error(text_of(r))
+                           : std::string("unexpected reply to CLUSTER SLOTS"));
+          continue;
+        }
+        std::vector<std::string> owner(redis::kHashSlots);
+        std::string node_host;
+        int node_port = 0;
+        split_node(node, node_host, node_port);
+        for (std::size_t i = 0; i < r.elements; ++i) {
+          const redisReply& range = *r.element[i];
+          if (range.type != REDIS_REPLY_ARRAY || range.elements < 3 ||
+              range.element[0]->type != REDIS_REPLY_INTEGER ||
+              range.element[1]->type != REDIS_REPLY_INTEGER ||
+              range.element[2]->type != REDIS_REPLY_ARRAY || range.element[2]->elements < 2) {
+            continue;
+          }
+          const redisReply& primary = *range.element[2];
+          std::string host = primary.element[0]->type == REDIS_REPLY_STRING
+                                 ? std::string(text_of(*primary.element[0]))
+                                 : std::string();
+          if (host.empty() || host == "?") host = node_host;  // "the node you asked"
+          const std::string name = host_port(host, static_cast<int>(primary.element[1]->integer));
+          const long long first = range.element[0]->integer;
+          const long long last = range.element[1]->integer;
+          for (long long slot = std::max(first, 0LL);
+               slot <= last && slot < static_cast<long long>(redis::kHashSlots); ++slot) {
+            owner[static_cast<std::size_t>(slot)] = name;
+          }
+        }
+        std::unique_lock lock(nodes_mu);
+        slot_owner = std::move(owner);
+        last_refresh = redis::SteadyClock::now();
+        map_stale.store(false, std::memory_order_relaxed);
+        return;
+      } catch (const StoreUnavailable& e) {
+        failures += "; " + node + ": " + e.reason();
+      }
+    }
+    {
+      std::unique_lock lock(nodes_mu);
+      last_refresh = redis::SteadyClock::now();
+    }
+    fail("cannot read the cluster's slot map (CLUSTER SLOTS) from any node" +
+         (failures.empty() ? std::string() : " (" + failures.substr(2) + ")"));
+  }
+
+  // Refreshes the map when a MOVED or a failed node made it stale, at most every 100 ms.
+  void refresh_if_stale() {
+    if (!map_stale.load(std::memory_order_relaxed)) return;
+    {
+      std::shared_lock lock(nodes_mu);
+      if (redis::SteadyClock::now() - last_refresh < kMinRefreshInterval) return;
+    }
+    try {
+      refresh_slots();
+    } catch (const StoreUnavailable&) {
+      // The call that follows fails or succeeds on its own; the map stays stale.
+    }
+  }
+
+  std::string owner_of(unsigned slot) {
+    {
+      std::shared_lock lock(nodes_mu);
+      if (!slot_owner[slot].empty()) return slot_owner[slot];
+    }
+    refresh_slots();
+    std::shared_lock lock(nodes_mu);
+    if (slot_owner[slot].empty()) {
+      fail("hash slot " + std::to_string(slot) +
+           " has no primary in the cluster's slot map (the cluster is down or being set up)");
+    }
+    return slot_owner[slot];
+  }
+
+  unsigned slot_of(RecordRef r) const {
+    return redis::hash_slot(redis::record_key(o.prefix, r.scope, r.key));
+  }
+
+  // Sends command i (written by append, for record record_of(i)) to the primary of its
+  // slot: one pipeline per node, following MOVED (the slot moved: the map is updated and
+  // refreshed), ASK (a migration: ASKING then the command, once, on the target), TRYAGAIN
+  // (a migration in progress: again after a pause) and NOSCRIPT (again with the body).
+  template <typename Append, typename RecordOf>
+  Outcome run_cluster(std::size_t n, const Append& append, const RecordOf& record_of,
+                      bool wait_replicas) {
+    refresh_if_stale();
+    Outcome out;
+    out.replies.resize(n);
+    const bool wait = wait_replicas && o.wait_replicas > 0;
+    long long acked = std::numeric_limits<long long>::max();
+    std::vector<unsigned> slots(n);
+    for (std::size_t i = 0; i < n; ++i) slots[i] = slot_of(record_of(i));
+    std::vector<std::string> ask(n);
+    std::vector<char> by_body(n, 0);
+    std::vector<std::size_t> pending(n);
+    std::iota(pending.begin(), pending.end(), std::size_t{0});
+    std::string last_redirect;
+    int redirected = 0;  // rounds with a MOVED or ASK
+    const auto deadline = redis::SteadyClock::now() + call_timeout;
+    for (int round = 0; !pending.empty(); ++round) {
+      if (redirected > kMaxRedirections) {
+        fail("still redirected after " + std::to_string(kMaxRedirections) +
+             " tries (the cluster's slots keep moving): " + last_redirect);
+      }
+      std::map<std::string, std::vector<std::size_t>> groups;
+      for (const std::size_t i : pending) {
+        groups[ask[i].empty() ? owner_of(slots[i]) : ask[i]].push_back(i);
+      }
+      std::vector<std::size_t> next;
+      bool pause = false;
+      bool redirect = false;
+      for (const auto& [node, indexes] : groups) {
+        auto call = std::make_shared<Call>();
+        for (const std::size_t i : indexes) {
+          if (!ask[i].empty()) {
+            CommandWriter(call->request).begin(1).arg("ASKING");
+            ++call->commands;
+          }
+          append(call->request, i, by_body[i] != 0);
+          ++call->commands;
+        }
+        call->wait_replicas = wait;
+        try {
+          pool_for(node).execute(call, call_timeout);
+        } catch (const StoreUnavailable&) {
+          // The node may have failed over: read the map again before the next call.
+          map_stale.store(true, std::memory_order_relaxed);
+          throw;
+        }
+        if (wait) acked = std::min(acked, call->replicas_acked);
+        std::size_t k = 0;
+        for (const std::size_t i : indexes) {
+          if (!ask[i].empty()) ++k;  // ASKING's +OK
+          Reply& r = call->replies[k++];
+          unsigned slot = 0;
+          std::string target;
+          if (is_error(r, "MOVED ") && parse_redirect(text_of(*r), slot, target)) {
+            {
+              std::unique_lock lock(nodes_mu);
+              slot_owner[slot] = target;
+            }
+            map_stale.store(true, std::memory_order_relaxed);
+            ask[i].clear();
+            last_redirect = std::string(text_of(*r));
+            redirections.fetch_add(1, std::memory_order_relaxed);
+            redirect = true;
+            next.push_back(i);
+          } else if (is_error(r, "ASK ") && parse_redirect(text_of(*r), slot, target)) {
+            ask[i] = target;
+            last_redirect = std::string(text_of(*r));
+            redirections.fetch_add(1, std::memory_order_relaxed);
+            redirect = true;
+            next.push_back(i);
+          } else if (is_error(r, "TRYAGAIN")) {
+            ask[i].clear();
+            pause = true;
+            last_redirect = std::string(text_of(*r));
+            next.push_back(i);
+          } else if (is_error(r, "NOSCRIPT") && by_body[i] == 0) {
+            by_body[i] = 1;
+            script_reloads.fetch_add(1, std::memory_order_relaxed);
+            next.push_back(i);
+          } else {
+            ask[i].clear();
+            out.replies[i] = std::move(r);
+          }
+        }
+      }
+      pending = std::move(next);
+      if (redirect) ++redirected;
+      if (pause && !pending.empty()) {
+        // TRYAGAIN: the acquire script's two keys (the record and its slot's token key) are
+        // split between the two nodes of a slot being migrated. Again until the migration
+        // of the slot ends, within the call's timeout.
+        if (redis::SteadyClock::now() >= deadline) {
+          fail("the hash slot stayed in migration for longer than the call's timeout (" +
+               std::to_string(call_timeout.count()) + " ms): " + last_redirect);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 * (round + 1), 50)));
+      }
+    }
+    out.replicas_acked = wait ? acked : -1;
+    return out;
+  }
+
   [[noreturn]] void fail(const std::string& why) const { throw StoreUnavailable(describe, why); }
 
-  // A record's Redis key, and the record it holds.
-  struct RecordRef {
-    std::string_view scope;
-    std::string_view key;
-  };
 
   // The key holds something other than an idem record: named, with the record it stands
   // for, never read as one (the other stores refuse a foreign database the same way).
@@ -203,19 +565,28 @@ struct RedisStore::Impl {
         .arg(by_body ? std::string_view(redis::kScripts[id]->body) : std::string_view(shas[id]))
         .arg(tokens ? "2" : "1");
     append_key(w, record);
-    if (tokens) w.arg(token_key);
+    if (tokens) {
+      if (cluster) {
+        // The token key of the record's slot: a script touches one slot only.
+        const std::string& tag = slot_tags()[slot_of(record)];
+        w.arg_of(token_key.size() + tag.size() + 2, [&](std::string& o) {
+          o.append(token_key).append("{").append(tag).append("}");
+        });
+      } else {
+        w.arg(token_key);
+      }
+    }
     (w.arg(args), ...);
   }
 
-  struct Outcome {
-    std::vector<Reply> replies;
-    long long replicas_acked = -1;
-  };
 
   // Sends `n` commands, the i-th written by append(out, i, by_body), as one call (one
   // round trip unless the server has lost a script). Throws StoreUnavailable.
-  template <typename Append>
-  Outcome run(std::size_t n, const Append& append, bool wait_replicas = false) {
+  // On Redis Cluster, command i goes to the primary of record_of(i)'s slot (run_cluster).
+  template <typename Append, typename RecordOf>
+  Outcome run(std::size_t n, const Append& append, const RecordOf& record_of,
+              bool wait_replicas = false) {
+    if (cluster) return run_cluster(n, append, record_of, wait_replicas);
     auto call = std::make_shared<Call>();
     for (std::size_t i = 0; i < n; ++i) append(call->request, i, false);
     call->commands = n;
@@ -244,9 +615,13 @@ struct RedisStore::Impl {
   }
 
   Reply run_one(ScriptId id, RecordRef key, const auto&... args) {
-    return std::move(run(1, [&](std::string& out, std::size_t, bool by_body) {
-                       append_script(out, id, by_body, key, args...);
-                     }).replies.front());
+    return std::move(run(
+                         1,
+                         [&](std::string& out, std::size_t, bool by_body) {
+                           append_script(out, id, by_body, key, args...);
+                         },
+                         [&](std::size_t) { return key; })
+                         .replies.front());
   }
 
   // A write that the caller asked to see on replicas: fewer of them in time fails the call.
@@ -323,7 +698,19 @@ RedisStore::~RedisStore() = default;
 std::string RedisStore::describe() const { return impl_->describe; }
 
 RedisStats RedisStore::stats() const {
-  const redis::ConnectionStats s = impl_->pool->stats();
+  redis::ConnectionStats s;
+  if (impl_->pool) {
+    s = impl_->pool->stats();
+  } else {
+    std::shared_lock lock(impl_->nodes_mu);
+    for (const auto& [node, p] : impl_->pools) {
+      const redis::ConnectionStats n = p->stats();
+      s.round_trips += n.round_trips;
+      s.commands += n.commands;
+      s.reconnects += n.reconnects;
+      s.queued += n.queued;
+    }
+  }
   return RedisStats{s.round_trips, s.commands, s.reconnects,
                     impl_->script_reloads.load(std::memory_order_relaxed), s.queued};
 }
@@ -344,7 +731,7 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
       } else {
         w.begin(1).arg("TIME");
       }
-    });
+    }, [&](std::size_t) { return k; });
     const redisReply& r = *got.replies[0];
     if (r.type == REDIS_REPLY_STRING) {
       const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
@@ -366,7 +753,7 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
                         std::int64_t{ttl.count()}, std::string_view(fp),
                         std::int64_t{std::max(lease, ttl).count()});
       },
-      /*wait_replicas=*/true);
+      [&](std::size_t) { return k; }, /*wait_replicas=*/true);
   const redisReply& r = *out.replies.front();
   if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 &&
       r.element[0]->type == REDIS_REPLY_INTEGER && r.element[1]->type == REDIS_REPLY_STRING) {
@@ -410,7 +797,7 @@ WriteResult RedisStore::do_complete(std::string_view scope, std::string_view key
           m.append_script(o, redis::kComplete, by_body, k, std::string_view(tok),
                           std::int64_t{ttl.count()}, payload);
         },
-        /*wait_replicas=*/true);
+        [&](std::size_t) { return k; }, /*wait_replicas=*/true);
   } catch (const StoreUnavailable& e) {
     // The complete may have landed here and not on the replicas (its reply, or WAIT's, was
     // lost): with wait_replicas a read of this server cannot settle that (error.h).
@@ -447,7 +834,7 @@ std::vector<ExtendResult> RedisStore::do_extend_many(std::span<const ExtendReque
     const ExtendRequest& r = requests[i];
     m.append_script(o, redis::kExtend, by_body, Impl::RecordRef{r.scope, r.key},
                     std::string_view(token_text(r.token)), std::int64_t{r.lease.count()});
-  });
+  }, [&](std::size_t i) { return Impl::RecordRef{requests[i].scope, requests[i].key}; });
   std::vector<ExtendResult> results;
   results.reserve(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -523,6 +910,36 @@ constexpr std::int64_t kMaxMs = 365LL * 24 * 3600 * 1000;
 
 }  // namespace
 
+// "host:port,host:port" (IPv6 hosts in brackets); every entry needs its port.
+std::vector<std::pair<std::string, int>> parse_addresses(const std::string& list) {
+  std::vector<std::pair<std::string, int>> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = list.find(',', start);
+    const std::string item =
+        list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? list.size() + 1 : comma + 1;
+    std::string host;
+    std::string port;
+    if (!item.empty() && item.front() == '[') {
+      const std::size_t close = item.find(']');
+      if (close != std::string::npos && close + 1 < item.size() && item[close + 1] == ':') {
+        host = item.substr(1, close - 1);
+        port = item.substr(close + 2);
+      }
+    } else if (const std::size_t c = item.rfind(':'); c != std::string::npos) {
+      host = item.substr(0, c);
+      port = item.substr(c + 1);
+    }
+    if (host.empty() || port.empty()) {
+      throw InvalidArgument("store URL", "each server in the list needs host:port, got '" + item +
+                                             "'");
+    }
+    out.emplace_back(host, static_cast<int>(parse_number("port", port, 1, 65535)));
+  }
+  return out;
+}
+
 std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& options) {
   RedisStoreOptions o;
   o.read_only = options.read_only;
@@ -532,7 +949,14 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
   }
   o.user = url.user;
   o.password = url.password;
-  if (url.scheme == "unix") {
+  const std::string& scheme = url.scheme;
+  o.tls = scheme.rfind("rediss", 0) == 0;
+  if (scheme.size() > 9 && scheme.substr(scheme.size() - 9) == "+sentinel") {
+    o.topology = RedisTopology::kSentinel;
+  } else if (scheme.size() > 8 && scheme.substr(scheme.size() - 8) == "+cluster") {
+    o.topology = RedisTopology::kCluster;
+  }
+  if (scheme == "unix") {
     if (!url.host.empty() || url.port != 0) {
       throw InvalidArgument("store URL", "'unix:' takes a socket path, not a host ('" + url.host +
                                              "'); use unix:///path/redis.sock");
@@ -542,7 +966,24 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
                                          "unix:///path/redis.sock");
     }
     o.socket = url.path;
+  } else if (o.topology != RedisTopology::kStandalone) {
+    o.addresses = parse_addresses(url.port != 0 ? url.host + ":" + std::to_string(url.port)
+                                                : url.host);
+    if (o.topology == RedisTopology::kSentinel) {
+      if (url.path.size() < 2) {
+        throw InvalidArgument("store URL", "'" + scheme + ":' needs the service name as its "
+                                           "path: " + scheme + "://host:port,host:port/mymaster");
+      }
+      o.service = url.path.substr(1);
+    } else if (url.path.size() > 1 && url.path != "/0") {
+      throw InvalidArgument("store URL", "Redis Cluster has only database 0; '" + scheme +
+                                             ":' takes no path");
+    }
   } else {
+    if (url.host.find(',') != std::string::npos) {
+      throw InvalidArgument("store URL", "'" + scheme + ":' takes one server; for several use "
+                                         "redis+sentinel:// or redis+cluster://");
+    }
     if (!url.host.empty()) o.host = url.host;
     if (url.port != 0) o.port = url.port;
     if (url.path.size() > 1) {
@@ -575,6 +1016,25 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
                               "parameter 'eviction' must be 'refuse' or 'allow', got '" + value +
                                   "'");
       }
+    } else if (o.tls && name == "tls_ca") {
+      o.tls_ca_file = value;
+    } else if (o.tls && name == "tls_ca_dir") {
+      o.tls_ca_dir = value;
+    } else if (o.tls && name == "tls_cert") {
+      o.tls_cert_file = value;
+    } else if (o.tls && name == "tls_key") {
+      o.tls_key_file = value;
+    } else if (o.tls && name == "tls_server_name") {
+      o.tls_server_name = value;
+    } else if (o.tls && name == "tls_verify") {
+      if (value == "on") {
+        o.tls_verify = true;
+      } else if (value == "off") {
+        o.tls_verify = false;
+      } else {
+        throw InvalidArgument("store URL",
+                              "parameter 'tls_verify' must be 'on' or 'off', got '" + value + "'");
+      }
     } else if (name == "replay") {
       if (value == "script") {
         o.replay = RedisReplayPath::kScript;
@@ -589,7 +1049,11 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
           "store URL", "unknown parameter '" + name + "' for " + url.scheme +
                            ": (known: " + (url.scheme == "unix" ? "db, " : "") +
                            "prefix, connections, timeout, connect_timeout, wait_replicas, "
-                           "wait_timeout, replay, eviction)");
+                           "wait_timeout, replay, eviction" +
+                           (o.tls ? ", tls_ca, tls_ca_dir, tls_cert, tls_key, tls_server_name, "
+                                    "tls_verify"
+                                  : "") +
+                           ")");
     }
   }
   return std::make_shared<RedisStore>(std::move(o));
