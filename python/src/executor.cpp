@@ -294,6 +294,7 @@ class PyAttempt {
         std::lock_guard lock(mu_);
         try {
           handle_->complete_in(conn, std::move(bytes));
+          completing_.store(true, std::memory_order_release);
         } catch (...) {
           ended = !handle_->active();
           throw;
@@ -312,6 +313,7 @@ class PyAttempt {
     Result<std::string> stored = without_gil([&] {
       std::lock_guard lock(mu_);
       Result<std::string> r = handle_->committed();
+      completing_.store(false, std::memory_order_release);
       active_.store(false, std::memory_order_release);
       return r;
     });
@@ -326,6 +328,7 @@ class PyAttempt {
     without_gil([&] {
       std::lock_guard lock(mu_);
       handle_->rolled_back();
+      completing_.store(false, std::memory_order_release);
       if (!handle_->active()) active_.store(false, std::memory_order_release);
     });
     pending_ = py::none();
@@ -339,9 +342,11 @@ class PyAttempt {
       std::lock_guard lock(mu_);
       try {
         auto r = handle_->resolve();
+        completing_.store(false, std::memory_order_release);
         if (!handle_->active()) active_.store(false, std::memory_order_release);
         return r;
       } catch (...) {
+        completing_.store(handle_->completing(), std::memory_order_release);
         if (!handle_->active()) active_.store(false, std::memory_order_release);
         throw;
       }
@@ -355,10 +360,8 @@ class PyAttempt {
     return result_;
   }
 
-  bool completing() const {
-    std::lock_guard lock(mu_);
-    return handle_ && handle_->completing();
-  }
+  // An atomic, like active(): never waits for mu_ with the GIL held.
+  bool completing() const { return completing_.load(std::memory_order_acquire); }
 
   // Gives the key up: the next caller runs as attempt 1. Does nothing once ended.
   void release() {
@@ -367,6 +370,7 @@ class PyAttempt {
       std::lock_guard lock(mu_);
       handle_->release();
       active_.store(false, std::memory_order_release);
+      completing_.store(false, std::memory_order_release);
     });
   }
 
@@ -415,6 +419,8 @@ class PyAttempt {
   // it), read without mu_.
   const Attempt* attempt_ = nullptr;
   std::atomic<bool> active_{false};
+  // Mirrors handle_->completing(), set under mu_ by the calls that change it.
+  std::atomic<bool> completing_{false};
   Token token_ = 0;
   std::uint32_t number_ = 0;
   bool stolen_ = false;
