@@ -1,5 +1,7 @@
 #include "stores/redis/redis_layout.h"
 
+#include <array>
+
 namespace idem::redis {
 namespace {
 
@@ -8,25 +10,36 @@ constexpr char kHex[] = "0123456789ABCDEF";
 // SPEC §10: nothing a caller sends can reach Redis as anything but bytes of one key. Only
 // the four bytes that structure the key are escaped; the rest (NUL included) stay as they
 // are, so an ordinary key reads plainly in redis-cli.
+bool escaped(char c);
+
 std::size_t escaped_size(std::string_view text) {
   std::size_t n = text.size();
   for (const char c : text) {
-    if (c == '%' || c == ':' || c == '{' || c == '}') n += 2;
+    if (escaped(c)) n += 2;
   }
   return n;
 }
 
-void append_escaped(std::string& out, std::string_view text) {
-  for (const char c : text) {
-    if (c == '%' || c == ':' || c == '{' || c == '}') {
-      const auto u = static_cast<unsigned char>(c);
-      out.push_back('%');
-      out.push_back(kHex[u >> 4]);
-      out.push_back(kHex[u & 15]);
-    } else {
-      out.push_back(c);
-    }
+bool escaped(char c) { return c == '%' || c == ':' || c == '{' || c == '}'; }
+
+// Calls plain(run) for each run of bytes that stay as they are and plain(three bytes) for
+// each escaped one, in order.
+template <typename Plain>
+void for_each_escaped(std::string_view text, const Plain& plain) {
+  std::size_t from = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (!escaped(text[i])) continue;
+    if (i > from) plain(text.substr(from, i - from));
+    const auto u = static_cast<unsigned char>(text[i]);
+    const char three[3] = {'%', kHex[u >> 4], kHex[u & 15]};
+    plain(std::string_view(three, 3));
+    from = i + 1;
   }
+  if (from < text.size()) plain(text.substr(from));
+}
+
+void append_escaped(std::string& out, std::string_view text) {
+  for_each_escaped(text, [&](std::string_view run) { out.append(run); });
 }
 
 int hex_value(char c) {
@@ -77,14 +90,26 @@ void append_u32(std::string& out, std::uint32_t n) {
   }
 }
 
-std::uint16_t crc16(std::string_view data) {
-  std::uint16_t crc = 0;
-  for (const char c : data) {
-    crc = static_cast<std::uint16_t>(crc ^ (static_cast<unsigned char>(c) << 8));
+// CRC16-CCITT (XModem: polynomial 0x1021, initial value 0), the checksum Redis Cluster
+// hashes keys with, one table lookup per byte. The table is computed at compile time from
+// the polynomial.
+constexpr std::array<std::uint16_t, 256> kCrc16Table = [] {
+  std::array<std::uint16_t, 256> table{};
+  for (unsigned byte = 0; byte < 256; ++byte) {
+    auto crc = static_cast<std::uint16_t>(byte << 8);
     for (int bit = 0; bit < 8; ++bit) {
       crc = (crc & 0x8000) != 0 ? static_cast<std::uint16_t>((crc << 1) ^ 0x1021)
                                 : static_cast<std::uint16_t>(crc << 1);
     }
+    table[byte] = crc;
+  }
+  return table;
+}();
+
+std::uint16_t crc16(std::string_view data, std::uint16_t crc = 0) {
+  for (const char c : data) {
+    crc = static_cast<std::uint16_t>(
+        (crc << 8) ^ kCrc16Table[((crc >> 8) ^ static_cast<unsigned char>(c)) & 0xff]);
   }
   return crc;
 }
@@ -125,6 +150,21 @@ std::optional<RecordId> parse_record_key(std::string_view prefix, std::string_vi
   std::optional<std::string> key = unescape(rest.substr(colon + 1));
   if (!scope || !key) return std::nullopt;
   return RecordId{std::move(*scope), std::move(*key)};
+}
+
+unsigned record_slot(std::string_view prefix, std::string_view scope, std::string_view key) {
+  // A prefix with a '{' may hold the hash tag itself: hash the whole key as Redis reads it.
+  if (prefix.find('{') != std::string_view::npos) {
+    return hash_slot(record_key(prefix, scope, key));
+  }
+  // Otherwise the tag is what append_record_key writes between its braces (escaped text has
+  // no brace, and the ':' keeps the tag from being empty): hash it as it is written.
+  std::uint16_t crc = 0;
+  const auto hash = [&](std::string_view run) { crc = crc16(run, crc); };
+  for_each_escaped(scope, hash);
+  hash(":");
+  for_each_escaped(key, hash);
+  return crc % kHashSlots;
 }
 
 unsigned hash_slot(std::string_view redis_key) {

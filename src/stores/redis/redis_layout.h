@@ -70,6 +70,8 @@ std::optional<RecordId> parse_record_key(std::string_view prefix, std::string_vi
 // The Redis Cluster hash slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key
 // when it has none, modulo 16384.
 unsigned hash_slot(std::string_view redis_key);
+// hash_slot(record_key(prefix, scope, key)), without building the key.
+unsigned record_slot(std::string_view prefix, std::string_view scope, std::string_view key);
 
 // The fingerprint section of a value, as the acquire script stores it after the header.
 void append_fingerprint_section(std::string& out, std::optional<std::string_view> fingerprint);

@@ -217,6 +217,8 @@ struct RedisStore::Impl {
   mutable std::shared_mutex nodes_mu;
   std::map<std::string, std::unique_ptr<redis::Pool>> pools;
   std::vector<std::string> slot_owner;
+  // Each slot's pool once a call has looked it up (null: look up slot_owner).
+  std::vector<redis::Pool*> slot_pool;
   std::mutex refresh_mu;
   std::atomic<bool> map_stale{false};
   redis::SteadyClock::time_point last_refresh{};
@@ -262,6 +264,7 @@ struct RedisStore::Impl {
     if (o.topology == RedisTopology::kCluster) {
       cluster = true;
       slot_owner.resize(redis::kHashSlots);
+      slot_pool.assign(redis::kHashSlots, nullptr);
       (void)slot_tags();
       node_settings = std::move(s);
       refresh_slots(/*at_open=*/true);
@@ -347,6 +350,7 @@ struct RedisStore::Impl {
         }
         std::unique_lock lock(nodes_mu);
         slot_owner = std::move(owner);
+        std::fill(slot_pool.begin(), slot_pool.end(), nullptr);
         last_refresh = redis::SteadyClock::now();
         map_stale.store(false, std::memory_order_relaxed);
         return;
@@ -390,9 +394,21 @@ struct RedisStore::Impl {
     return slot_owner[slot];
   }
 
-  unsigned slot_of(RecordRef r) const {
-    return redis::hash_slot(redis::record_key(o.prefix, r.scope, r.key));
+  // The pool of the slot's primary (owner_of, then pool_for), remembered for the next call
+  // until the map changes. Throws StoreUnavailable.
+  redis::Pool& owner_pool(unsigned slot) {
+    {
+      std::shared_lock lock(nodes_mu);
+      if (slot_pool[slot] != nullptr) return *slot_pool[slot];
+    }
+    const std::string node = owner_of(slot);
+    redis::Pool& p = pool_for(node);
+    std::unique_lock lock(nodes_mu);
+    if (slot_owner[slot] == node) slot_pool[slot] = &p;
+    return p;
   }
+
+  unsigned slot_of(RecordRef r) const { return redis::record_slot(o.prefix, r.scope, r.key); }
 
   // Sends command i (written by append, for record record_of(i)) to the primary of its
   // slot: one pipeline per node, following MOVED (the slot moved: the map is updated and
@@ -408,21 +424,26 @@ struct RedisStore::Impl {
     long long acked = std::numeric_limits<long long>::max();
     std::vector<unsigned> slots(n);
     for (std::size_t i = 0; i < n; ++i) slots[i] = slot_of(record_of(i));
-    std::vector<std::string> ask(n);
+    std::vector<redis::Pool*> ask(n, nullptr);  // ASK: the node to ask once, with ASKING
     std::vector<char> by_body(n, 0);
     std::vector<std::size_t> pending(n);
     std::iota(pending.begin(), pending.end(), std::size_t{0});
     std::string last_redirect;
     int redirected = 0;  // rounds with a MOVED or ASK
     const auto deadline = redis::SteadyClock::now() + call_timeout;
+    std::vector<std::pair<redis::Pool*, std::vector<std::size_t>>> groups;  // by node
     for (int round = 0; !pending.empty(); ++round) {
       if (redirected > kMaxRedirections) {
         fail("still redirected after " + std::to_string(kMaxRedirections) +
              " tries (the cluster's slots keep moving): " + last_redirect);
       }
-      std::map<std::string, std::vector<std::size_t>> groups;
+      groups.clear();
       for (const std::size_t i : pending) {
-        groups[ask[i].empty() ? owner_of(slots[i]) : ask[i]].push_back(i);
+        redis::Pool* node = ask[i] != nullptr ? ask[i] : &owner_pool(slots[i]);
+        auto group = std::find_if(groups.begin(), groups.end(),
+                                  [&](const auto& g) { return g.first == node; });
+        if (group == groups.end()) group = groups.insert(groups.end(), {node, {}});
+        group->second.push_back(i);
       }
       std::vector<std::size_t> next;
       bool pause = false;
@@ -430,7 +451,7 @@ struct RedisStore::Impl {
       for (const auto& [node, indexes] : groups) {
         auto call = std::make_shared<Call>();
         for (const std::size_t i : indexes) {
-          if (!ask[i].empty()) {
+          if (ask[i] != nullptr) {
             CommandWriter(call->request).begin(1).arg("ASKING");
             ++call->commands;
           }
@@ -439,7 +460,7 @@ struct RedisStore::Impl {
         }
         call->wait_replicas = wait;
         try {
-          pool_for(node).execute(call, call_timeout);
+          node->execute(call, call_timeout);
         } catch (const StoreUnavailable&) {
           // The node may have failed over: read the map again before the next call.
           map_stale.store(true, std::memory_order_relaxed);
@@ -448,7 +469,7 @@ struct RedisStore::Impl {
         if (wait) acked = std::min(acked, call->replicas_acked);
         std::size_t k = 0;
         for (const std::size_t i : indexes) {
-          if (!ask[i].empty()) ++k;  // ASKING's +OK
+          if (ask[i] != nullptr) ++k;  // ASKING's +OK
           Reply& r = call->replies[k++];
           unsigned slot = 0;
           std::string target;
@@ -456,21 +477,22 @@ struct RedisStore::Impl {
             {
               std::unique_lock lock(nodes_mu);
               slot_owner[slot] = target;
+              slot_pool[slot] = nullptr;
             }
             map_stale.store(true, std::memory_order_relaxed);
-            ask[i].clear();
+            ask[i] = nullptr;
             last_redirect = std::string(text_of(*r));
             redirections.fetch_add(1, std::memory_order_relaxed);
             redirect = true;
             next.push_back(i);
           } else if (is_error(r, "ASK ") && parse_redirect(text_of(*r), slot, target)) {
-            ask[i] = target;
+            ask[i] = &pool_for(target);
             last_redirect = std::string(text_of(*r));
             redirections.fetch_add(1, std::memory_order_relaxed);
             redirect = true;
             next.push_back(i);
           } else if (is_error(r, "TRYAGAIN")) {
-            ask[i].clear();
+            ask[i] = nullptr;
             pause = true;
             last_redirect = std::string(text_of(*r));
             next.push_back(i);
@@ -479,7 +501,7 @@ struct RedisStore::Impl {
             script_reloads.fetch_add(1, std::memory_order_relaxed);
             next.push_back(i);
           } else {
-            ask[i].clear();
+            ask[i] = nullptr;
             out.replies[i] = std::move(r);
           }
         }

@@ -96,6 +96,19 @@ TEST(RedisLayout, HashSlotFollowsTheRedisClusterSpecification) {
   EXPECT_EQ(hash_slot("foo{bar}{zap}"), hash_slot("bar"));
 }
 
+TEST(RedisLayout, RecordSlotIsTheSlotOfTheRecordKey) {
+  // record_slot hashes the key without building it; prefixes with braces (which may hold
+  // the hash tag themselves) take the slow path. Either way: the slot Redis computes.
+  for (const std::string prefix : {"idem:", "", "a{b}:", "x{:", "}{"}) {
+    for (const std::string& scope : hostile()) {
+      for (const std::string& key : hostile()) {
+        ASSERT_EQ(record_slot(prefix, scope, key), hash_slot(record_key(prefix, scope, key)))
+            << prefix << " " << scope << " " << key;
+      }
+    }
+  }
+}
+
 TEST(RedisLayout, ForeignKeysDoNotParseAsRecords) {
   EXPECT_FALSE(parse_record_key("idem:", "idem:{a}").has_value());          // no ':'
   EXPECT_FALSE(parse_record_key("idem:", "other:{a:b}").has_value());       // prefix
