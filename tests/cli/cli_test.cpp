@@ -218,6 +218,15 @@ void PrintTo(const StoreCase& c, std::ostream* os) { *os << c.name; }
 // PgBouncer in transaction pooling too.
 std::vector<StoreCase> shared_stores() {
   std::vector<StoreCase> out;
+  // The ctest entry idem_cli_test_redis_topology (tests/cli/CMakeLists.txt) runs these
+  // cases again on Redis Cluster and over TLS, and on those only.
+  if (const char* topology = std::getenv("IDEM_CLI_TEST_REDIS_TOPOLOGY");
+      topology != nullptr && *topology == '1') {
+    for (auto& [name, url] : idem::testing::redis_topology_urls()) {
+      out.push_back({name, [u = url](const TempDir&) { return u; }});
+    }
+    return out;
+  }
   out.push_back({"sqlite", [](const TempDir& d) { return "sqlite://" + (d / "idem.db"); }});
   for (auto& [name, url] : idem::testing::server_store_urls(IDEM_CLI_TEST_POOLERS != 0)) {
     out.push_back({name, [u = url](const TempDir&) { return u; }});
@@ -291,6 +300,8 @@ class CliStoreTest : public CliTest, public ::testing::WithParamInterface<StoreC
     return last;
   }
   bool is_sqlite() const { return GetParam().name == "sqlite"; }
+  // Any Redis setup (standalone, Cluster, TLS): records expire natively.
+  bool is_redis() const { return GetParam().name.rfind("redis", 0) == 0; }
   std::string sqlite_path() const { return dir_ / "idem.db"; }
 
   std::string store_;
@@ -765,7 +776,7 @@ TEST_P(CliStoreTest, ShowReadsAStoreItCannotWrite) {
 
 TEST_P(CliStoreTest, ShowOfAnExpiredRecordSaysSoAndExits1) {
   ASSERT_EQ(run_sh("k", "echo stale", {"--ttl", "100ms"}).status, 0);
-  if (GetParam().name == "redis") GTEST_SKIP() << "Redis drops expired records itself";
+  if (is_redis()) GTEST_SKIP() << "Redis drops expired records itself";
   ASSERT_TRUE(eventually([&] { return record("k")["expired"] == true; }));
   ProcessResult r = idem(keyed("show", "k"));
   EXPECT_EQ(r.status, 1);
@@ -990,7 +1001,7 @@ TEST_P(CliStoreTest, PurgeDeletesExpiredRecords) {
   ASSERT_EQ(run_sh("k", "echo short-lived", {"--ttl", "100ms"}).status, 0);
   ASSERT_EQ(run_sh("kept", "echo long-lived").status, 0);
   // Stores with native expiry (Redis) drop the record themselves and purge reports 0.
-  bool native_expiry = GetParam().name == "redis";
+  bool native_expiry = is_redis();
   bool gone = eventually([&] {
     ProcessResult p = idem({"purge", "--store", store_});
     EXPECT_EQ(p.status, 0) << p.err;
@@ -1005,7 +1016,7 @@ TEST_P(CliStoreTest, PurgeDeletesExpiredRecords) {
 TEST_P(CliStoreTest, PurgeHonoursItsLimit) {
   ASSERT_EQ(run_sh("a", "true", {"--ttl", "100ms"}).status, 0);
   ASSERT_EQ(run_sh("b", "true", {"--ttl", "100ms"}).status, 0);
-  if (GetParam().name == "redis") GTEST_SKIP() << "Redis expires records natively";
+  if (is_redis()) GTEST_SKIP() << "Redis expires records natively";
   // Wait until both expired (show reports it by the store's clock), then purge one.
   ASSERT_TRUE(
       eventually([&] { return record("a")["expired"] == true && record("b")["expired"] == true; }));

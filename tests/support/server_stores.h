@@ -59,4 +59,22 @@ inline std::vector<std::pair<std::string, std::string>> server_store_urls(
   return out;
 }
 
+// The Redis store on Redis Cluster and over TLS (scripts/servers.sh: idem_start_redis_cluster,
+// idem_start_redis_tls), as (name, URL) pairs, when this build includes the Redis store.
+// Both URLs must be set: a run that asks for these stores without their servers fails.
+inline std::vector<std::pair<std::string, std::string>> redis_topology_urls() {
+  const std::vector<std::string> built = idem::available_schemes();
+  if (std::find(built.begin(), built.end(), "redis+cluster") == built.end()) return {};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, env] : {std::pair{"redis_cluster", "IDEM_TEST_REDIS_CLUSTER_URL"},
+                                  std::pair{"redis_tls", "IDEM_TEST_REDIS_TLS_URL"}}) {
+    const char* url = std::getenv(env);
+    if (url == nullptr || *url == '\0') {
+      throw std::runtime_error(std::string(env) + " is not set (scripts/servers.sh)");
+    }
+    out.emplace_back(name, url);
+  }
+  return out;
+}
+
 }  // namespace idem::testing

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -13,10 +12,6 @@
 #include "idem/stores/redis_store.h"
 #include "idem/testing/store_conformance.h"
 #include "stores/redis/redis_test_util.h"
-
-#ifdef IDEM_BINARY
-#include "cli/process.h"
-#endif
 
 namespace idem::testing {
 namespace {
@@ -152,30 +147,6 @@ TEST(RedisTls, TlsOptionsNeedRediss) {
                                 cert("client.crt")),
                InvalidArgument);
 }
-
-
-#ifdef IDEM_BINARY
-// The tool on this setup: `idem run` twice with one key runs the command once and replays
-// its output the second time.
-TEST(RedisTls, TheToolRunsACommandOnceAndReplaysIt) {
-  const std::string dir = ::testing::TempDir() + "idem-tool-" + fresh_prefix("d").substr(10, 40);
-  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
-  const std::string runs = dir + "/runs";
-  const std::string url = with_param(tls_url(), "prefix", fresh_prefix("tool"));
-  for (int i = 0; i < 2; ++i) {
-    const cli::test::ProcessResult r = cli::test::run_process(
-        {IDEM_BINARY, "run", "--store", url, "--key", "k", "--", "sh", "-c",
-         "echo ran >> '" + runs + "'; echo out"},
-        {});
-    EXPECT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(r.out, "out\n") << r.err;
-  }
-  std::ifstream in(runs);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) ++n;
-  EXPECT_EQ(n, 1) << "the command ran more than once";
-}
-#endif
 
 }  // namespace
 }  // namespace idem::testing
