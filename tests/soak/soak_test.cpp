@@ -367,6 +367,72 @@ TEST(CrashSoak, RedisTls) {
               .default_seconds = 25},
        logs.path());
 }
+
+// On Redis Cluster (redis+cluster://): three primaries of the test's own (no replicas, each
+// with `appendfsync always`), all killed and restarted together or paused together, so the
+// cluster comes back as it was (nodes.conf and each node's AOF) and no acknowledged write
+// is lost; the client's routing, slot map and reconnections go through every crash. A
+// failover, where an unreplicated write can be lost, is redis_cluster_test's (with
+// wait_replicas=1). 25 s of soak unless IDEM_SOAK_SECONDS says otherwise.
+TEST(CrashSoak, RedisCluster) {
+  IDEM_SKIP_OR_FAIL_UNLESS(have_program("redis-server") && have_program("redis-cli"),
+                           "redis-server or redis-cli is not installed");
+  TempDir logs;
+  std::vector<std::unique_ptr<PrivateRedis>> nodes;
+  std::string seeds;
+  std::string create = "redis-cli --cluster create";
+  while (nodes.size() < 3) {
+    auto node = std::make_unique<PrivateRedis>(std::vector<std::string>{
+        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+        "--cluster-node-timeout", "2000", "--appendonly", "yes", "--appendfsync", "always"});
+    ASSERT_TRUE(node->ok());
+    // A node's cluster bus listens on its port + 10000.
+    if (node->port() > 65535 - 10000) continue;
+    const std::string address = "127.0.0.1:" + std::to_string(node->port());
+    seeds += (nodes.empty() ? "" : ",") + address;
+    create += " " + address;
+    nodes.push_back(std::move(node));
+  }
+  const std::string created = logs.path() + "/cluster-create.log";
+  ASSERT_EQ(std::system((create + " --cluster-replicas 0 --cluster-yes >" + created + " 2>&1").c_str()),
+            0)
+      << std::ifstream(created).rdbuf();
+  const auto cluster_ok = [&] {
+    for (const auto& node : nodes) {
+      const std::string check = "redis-cli -p " + std::to_string(node->port()) +
+                                " cluster info 2>/dev/null | grep -q cluster_state:ok";
+      if (std::system(check.c_str()) != 0) return false;
+    }
+    return true;
+  };
+  const auto wait_until_ok = [&] {
+    for (int i = 0; i < 400 && !cluster_ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return cluster_ok();
+  };
+  ASSERT_TRUE(wait_until_ok()) << "the private cluster did not come up";
+  const auto each = [&](void (PrivateRedis::*step)()) {
+    return [&nodes, step] {
+      for (const auto& node : nodes) ((*node).*step)();
+    };
+  };
+  // After a restart the nodes find each other again (nodes.conf) before the cluster serves.
+  const auto restart = [&] {
+    each (&PrivateRedis::restart)();
+    EXPECT_TRUE(wait_until_ok()) << "the private cluster did not come back";
+  };
+  soak(Target{.name = "redis_cluster",
+              .url = "redis+cluster://" + seeds + "/0?timeout=300",
+              .kill_server = each(&PrivateRedis::kill),
+              .restart_server = restart,
+              .pause_server = each(&PrivateRedis::pause),
+              .resume_server = each(&PrivateRedis::resume),
+              // SPEC §2: Redis tokens are per key.
+              .unique_tokens = false,
+              .default_seconds = 25},
+       logs.path());
+}
 #endif
 
 }  // namespace
