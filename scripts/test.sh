@@ -6,7 +6,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, then the
 # libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Prints the time each stage took.
 # IDEM_TSAN=0 skips the ThreadSanitizer build; IDEM_FUZZ_SECONDS sets the time per fuzzer
-# (default 30; 0 skips fuzzing).
+# (default 20 in this script; 0 skips fuzzing).
 # Usage: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,10 +88,10 @@ if [[ "${IDEM_TSAN:-1}" != 0 ]]; then
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DIDEM_SANITIZE=thread \
     -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF
 fi
-if [[ "${IDEM_FUZZ_SECONDS:-30}" != 0 ]]; then
+if [[ "${IDEM_FUZZ_SECONDS:-20}" != 0 ]]; then
   bash scripts/fuzz.sh --build-only
   stage_done "fuzz: build"
-  bash scripts/fuzz.sh "${IDEM_FUZZ_SECONDS:-30}"
+  bash scripts/fuzz.sh "${IDEM_FUZZ_SECONDS:-20}"
   stage_done "fuzz: run"
 fi
 echo "== all tests passed in $((SECONDS - started)) s"

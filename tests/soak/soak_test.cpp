@@ -6,7 +6,7 @@
 // payload came from an action that ran with the token that completed it, and no completed
 // record vanished before its TTL.
 //
-// Environment: IDEM_SOAK_SECONDS (default 45; 25 for PostgreSQL behind PgBouncer, the same
+// Environment: IDEM_SOAK_SECONDS (default 30; 25 for PostgreSQL behind PgBouncer, the same
 // store again), IDEM_SOAK_WORKERS (default 4) and
 // IDEM_SOAK_SEED (default: from the clock; printed, and it replays the controller's choice
 // of faults, not the machine's timing). A longer run: scripts/soak.sh. A server store's
@@ -66,7 +66,7 @@ struct Target {
   std::function<void()> pause_server;
   std::function<void()> resume_server;
   bool unique_tokens = true;  // SPEC §2: tokens unique across keys
-  long default_seconds = 45;  // unless IDEM_SOAK_SECONDS says otherwise
+  long default_seconds = 30;  // unless IDEM_SOAK_SECONDS says otherwise
   std::string check_url{};    // where the final records are read, when not `url`
 };
 
