@@ -1,10 +1,78 @@
 #pragma once
 
-// The statements the SQLite store prepares on every connection. Private to the store; the
-// benchmark's raw SQLite side prepares these very strings, so the two cannot drift apart.
-// Parameters: ?1 scope, ?2 key (BLOBs); times are ms since the epoch by the store's clock.
+// The SQLite store's layout: the schema, the marks of an idem file, and the statements the
+// store prepares on every connection. Private to the store; the benchmark's raw SQLite side
+// prepares these very strings, so the two cannot drift apart. Parameters: ?1 scope, ?2 key
+// (BLOBs); times are ms since the epoch by the store's clock.
+
+#include <cstdint>
 
 namespace idem::sqlite {
+
+class Connection;
+enum class OpenMode;
+
+// PRAGMA application_id marks the file as ours ("idem" in ASCII); PRAGMA user_version is the
+// schema version. A file with another application id, or with tables but no id, is not an
+// idem database and is never touched.
+inline constexpr std::int64_t kApplicationId = 0x6964656d;
+inline constexpr std::int64_t kSchemaVersion = 1;
+
+// Times are milliseconds since the epoch by the store's clock. purge_after is the moment
+// the record becomes purgeable (SPEC §4): expires_at for a COMPLETE record and
+// max(expires_at, lease_expires_at) for an IN_PROGRESS one; every write keeps it so, and
+// the purge index makes a bounded purge batch cheap.
+inline constexpr const char* kSqlSchema = R"sql(
+CREATE TABLE idem_records (
+  scope            BLOB    NOT NULL,
+  key              BLOB    NOT NULL,
+  state            INTEGER NOT NULL,  -- 0: IN_PROGRESS, 1: COMPLETE
+  token            INTEGER NOT NULL,
+  attempt          INTEGER NOT NULL,
+  acquired_at      INTEGER NOT NULL,
+  lease_expires_at INTEGER NOT NULL,
+  completed_at     INTEGER NOT NULL,
+  expires_at       INTEGER NOT NULL,
+  purge_after      INTEGER NOT NULL,
+  fingerprint      BLOB,
+  payload          BLOB,
+  PRIMARY KEY (scope, key)
+);
+CREATE INDEX idem_records_purge ON idem_records (purge_after);
+CREATE TABLE idem_meta (
+  id         INTEGER PRIMARY KEY CHECK (id = 1),
+  last_token INTEGER NOT NULL
+);
+INSERT INTO idem_meta (id, last_token) VALUES (1, 0);
+)sql";
+// The marks of a file that is idem's alone. A shared file (SqliteStoreOptions::shared) is
+// the application's: its header stays the application's, and idem's schema is known by
+// its two tables.
+inline constexpr const char* kSqlMarkFile = R"sql(
+PRAGMA application_id = 1768187245;
+PRAGMA user_version = 1;
+)sql";
+
+inline constexpr int kComplete = 1;
+
+// Columns of kSqlSelectRecord, in order.
+enum Col {
+  kColState,
+  kColToken,
+  kColAttempt,
+  kColAcquiredAt,
+  kColLeaseExpiresAt,
+  kColCompletedAt,
+  kColExpiresAt,
+  kColFingerprint,
+  kColPayload
+};
+
+// Checks the file is ours (or empty), switches it to WAL and creates the schema when
+// missing. A foreign or newer file is refused before anything is written to it; so is an
+// empty one when the store may not create its schema, and a read-only store writes
+// nothing at all. The first connection of a store runs it before anything else.
+void prepare_file(Connection& conn, OpenMode open_mode, bool shared);
 
 inline constexpr const char* kSqlSelectRecord =
     "SELECT state, token, attempt, acquired_at, lease_expires_at, completed_at, expires_at, "
