@@ -2,7 +2,6 @@
 
 #include <fmt/core.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -27,27 +26,6 @@ std::optional<std::string> env(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
   return std::string(value);
-}
-
-// Creates `dir` and its missing parents with mode 0700 (the records may hold command output
-// that only the user should read). Returns an error message, empty on success.
-std::string make_directories(const std::string& dir) {
-  std::string partial;
-  std::size_t pos = 0;
-  while (pos != std::string::npos) {
-    std::size_t next = dir.find('/', pos + 1);
-    partial = dir.substr(0, next);
-    pos = next;
-    if (partial.empty() || partial == "/") continue;
-    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      return fmt::format("cannot create directory {}: {}", partial, std::strerror(errno));
-    }
-  }
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return fmt::format("{} is not a directory", dir);
-  }
-  return {};
 }
 
 }  // namespace
@@ -199,13 +177,14 @@ std::string default_store_path() {
   }
 }
 
-StoreChoice choose_store(const std::string& flag) {
-  if (!flag.empty()) return StoreChoice{flag, std::nullopt};
-  if (std::optional<std::string> from_env = env("IDEM_STORE")) {
-    return StoreChoice{*from_env, std::nullopt};
+std::string store_url(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  try {
+    return idem::default_store_url();
+  } catch (const InvalidArgument&) {
+    (void)default_store_path();  // no home directory: the tool's own message
+    throw;
   }
-  std::string path = default_store_path();
-  return StoreChoice{sqlite_store_url(path), path};
 }
 
 NoStore::NoStore(const std::string& store, const std::string& hint)
@@ -214,30 +193,22 @@ NoStore::NoStore(const std::string& store, const std::string& hint)
 
 std::shared_ptr<Store> open_cli_store(const std::string& flag, StoreAccess access,
                                       const std::string& create_hint) {
-  StoreChoice choice = choose_store(flag);
-  if (access == StoreAccess::kCreate) {
-    if (choice.default_path) {
-      const std::string& path = *choice.default_path;
-      if (std::string error = make_directories(path.substr(0, path.rfind('/'))); !error.empty()) {
-        throw StoreUnavailable(choice.url, error);
-      }
-    }
-    return open_store(choice.url);
-  }
-  // A command that must not create the store looks before opening, so that a mistyped
-  // path gets a message that says so (and an absent default store simply has no records).
-  Url url = parse_url(choice.url);
-  if (url.scheme == "sqlite" && !url.path.empty()) {
-    struct stat st {};
-    if (::stat(url.path.c_str(), &st) != 0 && errno == ENOENT) {
-      if (choice.default_path) return nullptr;
-      throw NoStore(url.redacted(), create_hint);
-    }
-  }
+  const std::string url = store_url(flag);
   OpenOptions options;
-  options.read_only = access == StoreAccess::kReadOnly;
-  options.create_if_missing = false;
-  return open_store(choice.url, options);
+  if (access != StoreAccess::kCreate) {
+    // A command that must not create the store says so when it is missing, so that a
+    // mistyped path gets a message that says so (and an absent default store simply has no
+    // records).
+    options.read_only = access == StoreAccess::kReadOnly;
+    options.create_if_missing = false;
+  }
+  try {
+    // The default store: open_default_store() makes its directory when it may create it.
+    return flag.empty() ? open_default_store(options) : open_store(url, options);
+  } catch (const StoreNotFound&) {
+    if (flag.empty() && !env("IDEM_STORE")) return nullptr;
+    throw NoStore(parse_url(url).redacted(), create_hint);
+  }
 }
 
 std::string signal_name(int sig) {

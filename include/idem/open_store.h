@@ -46,7 +46,9 @@ std::string default_store_path();
 // read as syntax ('%', '?', '#', and anything outside printable ASCII).
 std::string sqlite_store_url(std::string_view path);
 
-// open_store(default_store_url()), creating the default file's directory (mode 0700) first.
+// open_store(default_store_url()), creating the default file's directory (mode 0700) first
+// when the store may be created (create_if_missing and not read_only). A default file that
+// does not exist, opened without creating it, throws StoreNotFound (error.h).
 std::shared_ptr<Store> open_default_store(const OpenOptions& options = {});
 
 }  // namespace idem

@@ -130,7 +130,7 @@ struct SqliteStore::Impl {
     path = abs.lexically_normal().string();
     describe = "sqlite://" + path;
     if (mode != OpenMode::kCreate && !std::filesystem::exists(path, ec) && !ec) {
-      throw StoreUnavailable(
+      throw StoreNotFound(
           describe, std::string("the database file does not exist, and the "
                                 "store was opened ") +
                         (mode == OpenMode::kReadOnly ? "read-only" : "without creating it"));
