@@ -11,7 +11,6 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <limits>
 #include <system_error>
 
@@ -134,21 +133,7 @@ std::optional<std::size_t> parse_size(std::string_view text) {
   return value * scale;
 }
 
-std::string iso8601(Timestamp t) {
-  std::int64_t ms = t.time_since_epoch().count();
-  // Rounded down, without negating or multiplying back (both overflow at the extremes).
-  std::int64_t seconds = ms / 1000;
-  auto millis = static_cast<int>(ms % 1000);
-  if (millis < 0) {
-    --seconds;
-    millis += 1000;
-  }
-  std::time_t tt = static_cast<std::time_t>(seconds);
-  std::tm tm{};
-  ::gmtime_r(&tt, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1,
-                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, millis);
-}
+std::string iso8601(Timestamp t) { return to_iso8601(t); }
 
 std::string human_duration(Duration d) {
   std::int64_t ms = d.count();
