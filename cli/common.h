@@ -1,7 +1,8 @@
 #pragma once
 
 // Shared pieces of the `idem` tool: exit codes, argument parsing helpers, where the store
-// lives, and the mapping from library errors to exit statuses. The tool sees only the public
+// lives, and the mapping from library errors to exit statuses. Defined by topic in
+// durations.cpp, store_choice.cpp, exit_codes.cpp and output.cpp. The tool sees only the public
 // headers of the library (STYLE: "the tool sees only public headers").
 
 #include <cstddef>
