@@ -1,7 +1,10 @@
 #include "idem/stores/sqlite_store.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -130,10 +133,14 @@ struct SqliteStore::Impl {
     path = abs.lexically_normal().string();
     describe = "sqlite://" + path;
     if (mode != OpenMode::kCreate && !std::filesystem::exists(path, ec) && !ec) {
-      throw StoreNotFound(
-          describe, std::string("the database file does not exist, and the "
-                                "store was opened ") +
-                        (mode == OpenMode::kReadOnly ? "read-only" : "without creating it"));
+      const std::string why =
+          std::string("the database file does not exist, and the store was opened ") +
+          (mode == OpenMode::kReadOnly ? "read-only" : "without creating it");
+      // StoreNotFound only when nothing is there (ENOENT); a path through a regular file
+      // (ENOTDIR) can never be a store and stays an error of the store.
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) throw StoreNotFound(describe, why);
+      throw StoreUnavailable(describe, why);
     }
     idle.push_back(open(/*first=*/true));
   }
