@@ -27,17 +27,6 @@
 
 namespace idem::redis {
 
-// Pieces shared by several scripts, so that each rule is written once; a script is one
-// string literal composed of its own raw text and these (adjacent literals concatenate).
-
-// now = TIME in ms (the shared rules above); `t` holds the TIME reply.
-#define IDEM_LUA_NOW "local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
-
-// The expiry rule: Redis keeps a key while now <= its expiry time, so a COMPLETE record's
-// key expires exactly at expires_at - 1 (`exp` holds its expires_at), the instant before
-// SPEC §4 lets the record be dropped.
-#define IDEM_LUA_COMPLETE_EXPIRY "'PXAT', exp - 1"
-
 struct ScriptSource {
   const char* name;
   const char* body;
@@ -56,7 +45,8 @@ struct ScriptSource {
 inline constexpr ScriptSource kAcquireScript{"acquire", R"lua(
 local v = redis.call('GET', KEYS[1])
 local t = redis.call('TIME')
-)lua" IDEM_LUA_NOW R"lua(local tok, att = t[1] * 1000000 + t[2], 1
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local tok, att = t[1] * 1000000 + t[2], 1
 if v then
   local k = string.byte(v)
   if not (#v >= 42 and (k == 67 or k == 80) or #v == 37 and k == 84) then
@@ -114,17 +104,18 @@ end
 local tok, _, _, exp = struct.unpack('>I8I8I8I8', v, 2)
 if k == 84 or tok ~= tonumber(ARGV[1]) then return 0 end
 local t = redis.call('TIME')
-)lua" IDEM_LUA_NOW R"lua(if k == 67 then
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if k == 67 then
   if exp <= now then return 0 end
-  redis.call('SET', KEYS[1], v, )lua" IDEM_LUA_COMPLETE_EXPIRY R"lua()
+  redis.call('SET', KEYS[1], v, 'PXAT', exp - 1)
   return 1
 end
 exp = now + ARGV[2]
 local head = struct.pack('>BI8I8I8I8I4', 67, tok, now, 0, exp, 0) .. string.sub(v, 38)
 if #ARGV[3] < 65536 or not (redis.acl_check_cmd and redis.acl_check_cmd('APPEND', KEYS[1], '')) then
-  redis.call('SET', KEYS[1], head .. ARGV[3], )lua" IDEM_LUA_COMPLETE_EXPIRY R"lua()
+  redis.call('SET', KEYS[1], head .. ARGV[3], 'PXAT', exp - 1)
 else
-  redis.call('SET', KEYS[1], head, )lua" IDEM_LUA_COMPLETE_EXPIRY R"lua()
+  redis.call('SET', KEYS[1], head, 'PXAT', exp - 1)
   redis.call('APPEND', KEYS[1], ARGV[3])
 end
 return 1
@@ -165,7 +156,8 @@ if k ~= 80 then return 0 end
 local tok, _, _, exp = struct.unpack('>I8I8I8I8', v, 2)
 if tok ~= tonumber(ARGV[1]) then return 0 end
 local t = redis.call('TIME')
-)lua" IDEM_LUA_NOW R"lua(local lease = now + ARGV[2]
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local lease = now + ARGV[2]
 local nv = string.sub(v, 1, 17) .. struct.pack('>I8', lease) .. string.sub(v, 26)
 if lease <= exp then
   redis.call('SET', KEYS[1], nv, 'KEEPTTL')
@@ -181,12 +173,10 @@ return lease
 inline constexpr ScriptSource kPeekScript{"peek", R"lua(
 local t = redis.call('TIME')
 local v = redis.call('GET', KEYS[1])
-)lua" IDEM_LUA_NOW R"lua(if v and (string.byte(v) ~= 84 or #v ~= 37) then return {now, v} end
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if v and (string.byte(v) ~= 84 or #v ~= 37) then return {now, v} end
 return {now}
 )lua"};
-
-#undef IDEM_LUA_NOW
-#undef IDEM_LUA_COMPLETE_EXPIRY
 
 enum ScriptId { kAcquire, kComplete, kDelete, kExtend, kPeek, kScriptCount };
 
