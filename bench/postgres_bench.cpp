@@ -43,7 +43,7 @@
 #include "idem/open_store.h"
 #include "idem/store_wrapper.h"
 #include "idem/stores/postgres_store.h"
-#include "stores/postgres/postgres_sql.h"
+#include "stores/postgres/postgres_schema.h"
 #include "taking_turns.h"
 
 namespace {

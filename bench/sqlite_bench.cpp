@@ -22,7 +22,7 @@
 
 #include "idem/executor.h"
 #include "idem/stores/sqlite_store.h"
-#include "stores/sqlite/sqlite_sql.h"
+#include "stores/sqlite/sqlite_schema.h"
 
 namespace {
 
@@ -60,7 +60,7 @@ struct Stmt {
   Stmt& operator=(const Stmt&) = delete;
 };
 
-// A raw connection preparing the very statements the store prepares (sqlite_sql.h).
+// A raw connection preparing the very statements the store prepares (sqlite_schema.h).
 struct Raw {
   sqlite3* db = nullptr;
   std::unique_ptr<Stmt> select, next_token, write_lease, complete, begin, commit;

@@ -32,7 +32,7 @@ int forget(const ForgetArgs& args) {
   if (!store) {
     // The default store does not exist yet: it has no records, and stays uncreated.
     print_error(kName, fmt::format("no record for {} in {} (the store does not exist yet)",
-                                   what, choose_store(args.store).url));
+                                   what, store_url(args.store)));
     return kExitAbsent;
   }
   // The snapshot only serves the report; forget deletes whatever is there when it runs.

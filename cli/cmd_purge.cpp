@@ -35,7 +35,7 @@ int purge(const PurgeArgs& args) {
   if (!store) {
     // The default store does not exist yet: nothing to purge, and it stays uncreated.
     write_stdout(fmt::format("purged 0 expired records from {} (the store does not exist yet)\n",
-                             choose_store(args.store).url));
+                             store_url(args.store)));
     return kExitOk;
   }
   std::size_t total = 0;

@@ -54,8 +54,7 @@ struct RunArgs {
 // throws this so the executor releases the record (SPEC §5), and idem exits with `status`.
 class CommandFailed : public std::runtime_error {
  public:
-  CommandFailed(int status, std::string why)
-      : std::runtime_error(std::move(why)), status_(status) {}
+  CommandFailed(int status, const std::string& why) : std::runtime_error(why), status_(status) {}
   int status() const noexcept { return status_; }
 
  private:

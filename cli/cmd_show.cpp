@@ -33,7 +33,7 @@ int show(const ShowArgs& args) {
   // exist yet simply has no records.
   std::shared_ptr<Store> store = open_cli_store(args.store, StoreAccess::kReadOnly);
   std::optional<Record> record;
-  std::string where = choose_store(args.store).url;
+  std::string where = store_url(args.store);
   if (store) {
     record = store->get(args.scope, args.key);
     where = store->describe();

@@ -1,7 +1,8 @@
 #pragma once
 
 // Shared pieces of the `idem` tool: exit codes, argument parsing helpers, where the store
-// lives, and the mapping from library errors to exit statuses. The tool sees only the public
+// lives, and the mapping from library errors to exit statuses. Defined by topic in
+// durations.cpp, store_choice.cpp, exit_codes.cpp and output.cpp. The tool sees only the public
 // headers of the library (STYLE: "the tool sees only public headers").
 
 #include <cstddef>
@@ -103,14 +104,9 @@ std::string human_duration(Duration d);
 // with UsageError when neither XDG_STATE_HOME nor a home directory is known.
 std::string default_store_path();
 
-// The store a command uses: `flag` (from --store) when given, else $IDEM_STORE, else the
-// default SQLite file.
-struct StoreChoice {
-  std::string url;
-  // The default file's path when neither --store nor IDEM_STORE named the store.
-  std::optional<std::string> default_path;
-};
-StoreChoice choose_store(const std::string& flag);
+// The URL of the store a command uses: `flag` (from --store) when given, else
+// idem::default_store_url() ($IDEM_STORE, else the default SQLite file).
+std::string store_url(const std::string& flag);
 
 // What a command does to its store.
 enum class StoreAccess {
@@ -132,14 +128,11 @@ class NoStore : public std::runtime_error {
 
 // Opens the store chosen by `flag` for `access`. Returns null when the default store does
 // not exist yet and `access` may not create it (a store with no records). Throws NoStore
-// when an SQLite file named by --store or IDEM_STORE is missing and may not be created,
-// idem::InvalidArgument for a bad or unknown URL, idem::StoreUnavailable when the store
-// cannot be opened (for other stores, a missing one too).
+// when a store named by --store or IDEM_STORE is missing (idem::StoreNotFound) and may not
+// be created, idem::InvalidArgument for a bad or unknown URL, idem::StoreUnavailable when
+// the store cannot be opened.
 std::shared_ptr<Store> open_cli_store(const std::string& flag, StoreAccess access,
                                       const std::string& create_hint = {});
-
-// What the default store is called in messages when it does not exist yet.
-std::string describe_default_store(const StoreChoice& choice);
 
 // Reports `error` on stderr as "idem <command>: ..." and returns the exit status it maps to
 // (the table in docs/cli.md). Handles idem::Error, UsageError, CLI11 errors and anything

@@ -16,10 +16,7 @@
 #include "child.h"
 #include "commands.h"
 #include "common.h"
-
-#ifndef IDEM_VERSION
-#error "IDEM_VERSION is set by cli/CMakeLists.txt"
-#endif
+#include "idem/version.h"
 
 namespace {
 
@@ -46,7 +43,7 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
 
   CLI::App app;
-  const std::vector<Command> commands = build_app(app, "idem " IDEM_VERSION);
+  const std::vector<Command> commands = build_app(app, std::string("idem ") + idem::version());
   std::string names;
   for (const Command& command : commands) {
     names += (names.empty() ? "" : ", ") + command.app->get_name();

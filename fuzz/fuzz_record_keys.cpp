@@ -5,7 +5,7 @@
 //     parse_record_key, injective, one hash tag holding the whole record id, size as
 //     record_key_size says; parse_record_key accepts only keys record_key writes (one
 //     spelling per pair); decode_record accepts any bytes without reading out of bounds;
-//   - the PostgreSQL bytea[] parameters (src/stores/postgres/pg_connection.h): decoded by
+//   - the PostgreSQL bytea[] parameters (src/stores/postgres/postgres_connection.h): decoded by
 //     the server's binary array format (array_recv), they give back every element byte for
 //     byte, NULLs as NULLs.
 // SPEC §2 and §10: scopes and keys are any bytes, ("a:b","c") and ("a","b:c") differ, and
@@ -29,7 +29,7 @@
 #include "stores/redis/redis_layout.h"
 #endif
 #if IDEM_FUZZ_POSTGRES
-#include "stores/postgres/pg_connection.h"
+#include "stores/postgres/postgres_connection.h"
 #endif
 
 namespace {

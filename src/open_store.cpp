@@ -14,20 +14,14 @@
 
 #include "idem/error.h"
 #include "idem/open_store.h"
-
-namespace idem::detail {
-#define IDEM_STORE(name, scheme) \
-  std::shared_ptr<Store> open_##name##_store(const Url& url, const OpenOptions& options);
-#include "idem_store_registry.inc"
-#undef IDEM_STORE
-}  // namespace idem::detail
+#include "idem_store_factories.h"
 
 namespace idem {
 namespace {
 
 struct Scheme {
   const char* scheme;
-  std::shared_ptr<Store> (*open)(const Url&, const OpenOptions&);
+  StoreFactory open;
 };
 
 constexpr Scheme kSchemes[] = {
@@ -144,8 +138,10 @@ std::string default_store_url() {
 }
 
 std::shared_ptr<Store> open_default_store(const OpenOptions& options) {
-  if (!env("IDEM_STORE") && has_scheme("sqlite")) {
-    // The default file's directory, made like `mkdir -p -m 0700`.
+  if (!env("IDEM_STORE") && has_scheme("sqlite") && options.create_if_missing &&
+      !options.read_only) {
+    // The default file's directory, made like `mkdir -p -m 0700` (only when the store may
+    // be created: opening without creating makes nothing).
     const std::string path = default_store_path();
     for (std::size_t slash = path.find('/', 1); slash != std::string::npos;
          slash = path.find('/', slash + 1)) {

@@ -161,6 +161,16 @@ class StoreUnavailable : public Error {
   bool unconfirmed_;
 };
 
+// The store does not exist, and the caller opened it without creating it
+// (OpenOptions::create_if_missing false, or read_only): a missing SQLite file. A
+// StoreUnavailable (same code, so existing handling stays right) that a tool can tell apart
+// from an outage without knowing which store it opened: `idem show` reports "no records",
+// `idem forget` a mistyped store.
+class StoreNotFound : public StoreUnavailable {
+ public:
+  StoreNotFound(std::string store, std::string reason);
+};
+
 // Codec<T>::decode threw on a stored result. The executor wraps whatever it threw; the
 // original message is in reason(), the bytes as stored in bytes().
 class DecodeFailed : public Error {

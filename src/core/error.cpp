@@ -138,6 +138,9 @@ StoreUnavailable::StoreUnavailable(std::string store, std::string reason, Record
       reason_(std::move(reason)),
       unconfirmed_(unconfirmed) {}
 
+StoreNotFound::StoreNotFound(std::string store, std::string reason)
+    : StoreUnavailable(std::move(store), std::move(reason)) {}
+
 DecodeFailed::DecodeFailed(std::string bytes, const std::string& reason, RecordRef record)
     : Error(ErrorCode::kDecodeFailed,
             "the stored result (" + std::to_string(bytes.size()) +

@@ -4,11 +4,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -16,8 +13,10 @@
 #include <variant>
 #include <vector>
 
+#include "core/backoff.h"
 #include "core/call_counter.h"
 #include "core/heartbeat.h"
+#include "core/owner_table.h"
 
 namespace idem {
 namespace {
@@ -25,159 +24,19 @@ namespace {
 using detail::coarse_now;
 using detail::HeartbeatLease;
 using detail::SteadyClock;
+using detail::Backoff;
+using detail::Followed;
+using detail::IdHash;
+using detail::IdView;
+using detail::InFlight;
+using detail::OwnerState;
+using detail::RequestStop;
 
 // A complete() call that failed with a store error, and did not land, is retried after
 // this pause, doubling up to the cap, while the local view of the lease is still valid
 // (SPEC §4: a complete repeated with the same token is idempotent). See write_result.
 constexpr Duration kCompleteFirstRetry{5};
 constexpr Duration kCompleteMaxRetry{250};
-
-// Independently locked parts of the in-process owner table, so callers working on
-// different keys rarely meet on one lock.
-constexpr std::size_t kOwnerShards = 64;
-
-// (scope, key) as views; the table's keys point into the owner's own copy.
-struct IdView {
-  std::string_view scope;
-  std::string_view key;
-  bool operator==(const IdView&) const = default;
-};
-
-// One pass over scope and key, eight bytes at a time: the table only ever holds the calls
-// in flight, so a short multiply-xorshift mix is plenty and costs less than two calls of
-// std::hash on the hot path.
-std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
-  h ^= v;
-  h *= 0x9e3779b97f4a7c15ULL;
-  return h ^ (h >> 29);
-}
-
-std::uint64_t hash_bytes(std::uint64_t h, std::string_view s) {
-  std::size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    std::uint64_t v;
-    std::memcpy(&v, s.data() + i, 8);
-    h = mix(h, v);
-  }
-  std::uint64_t tail = 0;
-  std::memcpy(&tail, s.data() + i, s.size() - i);
-  return mix(h, tail ^ (std::uint64_t{s.size()} << 56));
-}
-
-struct IdHash {
-  std::size_t operator()(const IdView& id) const noexcept {
-    return static_cast<std::size_t>(
-        hash_bytes(hash_bytes(0x243f6a8885a308d3ULL, id.scope), id.key));
-  }
-};
-
-enum class OwnerState {
-  kRunning,    // the action is running
-  kCompleted,  // the result is recorded in the store
-  kGone,       // released, fenced or failed: waiters go back to the store
-};
-
-}  // namespace
-
-namespace detail {
-
-// Requests an attempt's stop token when the call's CallOptions::stop_token is requested.
-struct RequestStop {
-  HeartbeatLease* lease;
-  void operator()() const noexcept { lease->request_stop(); }
-};
-
-// A call of this executor that holds the lease on a key (the state behind an
-// AttemptHandle; the heartbeat keeps it as its lease), or one that polls the store for
-// the key on behalf of the duplicates in this process. In-process duplicates find it in
-// the owner table and wait on it in memory instead of polling the store (SPEC §7).
-struct InFlight : HeartbeatLease {
-  // An owner: this call holds the lease.
-  InFlight(std::string_view scope, std::string_view key, std::size_t id_hash,
-           const Acquired& acquired, Duration lease, Duration interval,
-           SteadyClock::time_point sent, SteadyClock::time_point local_deadline,
-           const std::optional<std::string>& fp, ExecutorImpl* executor, Duration result_ttl,
-           SteadyClock::time_point call_started)
-      : HeartbeatLease(scope, key, acquired.lease.token, lease, interval, local_deadline,
-                       acquired.lease.lease_expires_at),
-        hash(id_hash),
-        fingerprint(fp),
-        exec(executor),
-        ttl(result_ttl),
-        acquired_at(sent),
-        started(call_started),
-        attempt(acquired.lease.token, acquired.lease.attempt, acquired.stolen, stop_token(),
-                &lost_flag(), RecordRef{this->scope(), this->key()}) {}
-  // A poller: another process holds the lease and this call polls the store on behalf of
-  // every duplicate in this process (SPEC §7: they do not poll the store themselves).
-  InFlight(std::string_view scope, std::string_view key, std::size_t id_hash, const Busy& busy,
-           Duration lease, Duration interval, SteadyClock::time_point local_deadline)
-      : HeartbeatLease(scope, key, 0, lease, interval, local_deadline, busy.lease_expires_at),
-        hash(id_hash),
-        fingerprint(busy.fingerprint),
-        attempt(0, 0, false, {}) {}
-
-  bool owner() const noexcept { return exec != nullptr; }
-  RecordRef record() const noexcept { return RecordRef{scope(), key()}; }
-
-  // IdHash of (scope, key), compared before the strings when the table is searched.
-  const std::size_t hash;
-  // The fingerprint stored with the record.
-  const std::optional<std::string> fingerprint;
-  // An owner's executor, and the TTL its result is stored with.
-  ExecutorImpl* const exec = nullptr;
-  const Duration ttl{0};
-  // When the acquire was sent, and when the call began (only read for events).
-  const SteadyClock::time_point acquired_at{};
-  const SteadyClock::time_point started{};
-  // What the action sees of an owner's lease.
-  const Attempt attempt;
-  // A lease taken for run(): the call slot it is counted in until it ends, so shutdown
-  // waits for the action to return. Null for a handle from Executor::begin.
-  CallCounter::Slot* counted = nullptr;
-  // Requests the attempt's stop token when the call is cancelled.
-  std::optional<std::stop_callback<RequestStop>> cancel;
-  // Duplicates that found this owner in the table and may still read its outcome.
-  std::atomic<int> waiters{0};
-  // SPEC §14: set while its result is written on a caller's transaction whose commit has
-  // not been reported; shutdown leaves such a lease to that transaction.
-  std::atomic<bool> in_caller_tx{false};
-
-  std::mutex mu;
-  std::condition_variable cv;
-  OwnerState state = OwnerState::kRunning;  // guarded by mu
-  bool has_payload = false;                 // guarded by mu
-  std::string payload;                      // guarded by mu
-
-  IdView id() const { return IdView{scope(), key()}; }
-  bool is(const IdView& other, std::size_t other_hash) const {
-    return hash == other_hash && id() == other;
-  }
-};
-
-}  // namespace detail
-
-namespace {
-
-using detail::InFlight;
-
-// A shard holds only the calls in flight whose key hashes to it, a handful at most in
-// practice, so a plain vector searched hash-first beats a hash map: listing and unlisting a
-// call allocate nothing once the vector has grown, and the search stays correct (if slower)
-// with thousands in flight.
-struct alignas(64) OwnerShard {
-  std::mutex mu;
-  // Lets a lookup skip the lock when the shard holds nobody, the common case.
-  std::atomic<std::size_t> count{0};
-  std::vector<std::shared_ptr<InFlight>> owners;  // at most one per (scope, key)
-
-  std::shared_ptr<InFlight>* find(const IdView& id, std::size_t hash) {
-    for (auto& o : owners) {
-      if (o->is(id, hash)) return &o;
-    }
-    return nullptr;
-  }
-};
 
 // The options of one call: the executor's, overridden by the call's, validated.
 struct Call {
@@ -241,18 +100,6 @@ void check_fingerprint(const std::optional<std::string>& stored,
   if (stored && requested && *stored != *requested) throw KeyReuse(*stored, *requested, record);
 }
 
-// The pause before the next poll: half the backoff plus up to half again at random, so
-// waiters that started together spread out.
-SteadyClock::duration jittered(Duration backoff) {
-  thread_local std::minstd_rand rng(static_cast<std::uint32_t>(
-      std::hash<std::thread::id>{}(std::this_thread::get_id()) ^
-      static_cast<std::size_t>(SteadyClock::now().time_since_epoch().count())));
-  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(backoff).count();
-  const auto half = us / 2;
-  std::uniform_int_distribution<long long> extra(0, us - half);
-  return std::chrono::microseconds(half + extra(rng));
-}
-
 // What a duplicate reports when it gives up on an in-process owner: the owner's deadline.
 Busy busy_of(const InFlight& owner, SteadyClock::time_point now) {
   const auto left = std::max(owner.local_deadline() - now, SteadyClock::duration::zero());
@@ -301,8 +148,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         options_(std::move(options)),
         default_interval_(resolve_interval(options_.heartbeat, options_.lease)),
         events_(static_cast<bool>(options_.on_event)),
-        heartbeat_(*store_, options_.on_heartbeat_error, lease_handler()),
-        shards_(std::make_unique<OwnerShard[]>(kOwnerShards)) {}
+        heartbeat_(*store_, options_.on_heartbeat_error, lease_handler()) {}
 
   Store& store() const noexcept { return *store_; }
   const ExecutorOptions& options() const noexcept { return options_; }
@@ -339,7 +185,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         call.fingerprint ? std::optional<std::string_view>(*call.fingerprint) : std::nullopt;
     const IdView id{scope, key};
     const std::size_t hash = IdHash{}(id);
-    Duration backoff = call.wait.initial_backoff;
+    Backoff backoff(call.wait.initial_backoff, call.wait.max_backoff);
 
     // Set while this call polls the store for the in-process duplicates that wait on it;
     // whatever ends the call hands them the outcome or sends them back to the table.
@@ -348,7 +194,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       const ExecutorImpl& impl;
       std::shared_ptr<InFlight>& poller;
       ~StopPolling() {
-        if (poller) impl.finish(*poller, OwnerState::kGone, nullptr);
+        if (poller) impl.owners_.finish(*poller, OwnerState::kGone, nullptr);
       }
     } stop_polling{*this, poller};
 
@@ -357,7 +203,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       if (auto owner = find_owner(id, hash, poller.get())) {
         if (poller) {
           // An owner appeared in this process; our own waiters follow it from now on.
-          finish(*poller, OwnerState::kGone, nullptr);
+          owners_.finish(*poller, OwnerState::kGone, nullptr);
           poller.reset();
         }
         if (auto r = follow(*owner, call, bound(), record, started)) return std::move(*r);
@@ -370,7 +216,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       if (auto* replay = std::get_if<Replay>(&acquired)) {
         check_fingerprint(replay->fingerprint, call.fingerprint, record);
         if (poller) {
-          finish(*poller, OwnerState::kCompleted, &replay->payload);
+          owners_.finish(*poller, OwnerState::kCompleted, &replay->payload);
           poller.reset();
         }
         if (events_) emit(EventKind::kReplayed, record, 0, 0, started);
@@ -409,19 +255,19 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         auto candidate = std::make_shared<InFlight>(scope, key, hash, busy, call.lease,
                                                     call.interval, owner_deadline);
         // Somebody in this process got in first: wait on them instead.
-        if (!register_poller(candidate)) continue;
+        if (!owners_.add_poller(candidate)) continue;
         poller = std::move(candidate);
       }
       // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
       // time left) nor past the waiting bound. A cancellation or a shutdown ends the sleep.
       const auto pause =
-          std::min({jittered(backoff), SteadyClock::duration(busy.lease_remaining), until - now});
+          std::min({backoff.jittered(), SteadyClock::duration(busy.lease_remaining), until - now});
       {
         std::unique_lock lock(sleep_mu_);
         sleep_cv_.wait_for(lock, call.stop, pause, [&] { return closing(); });
       }
       if (closing()) throw shut_down_error();
-      backoff = std::min(backoff * 2, call.wait.max_backoff);
+      backoff.advance();
     }
   }
 
@@ -439,24 +285,24 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       // SPEC §10: refuse before the result is lost, and leave the key clean for a retry.
       release_quietly(owner);
       if (events_) emit_for(EventKind::kReleased, owner, owner.started);
-      finish(owner, OwnerState::kGone, nullptr);
+      owners_.finish(owner, OwnerState::kGone, nullptr);
       throw PayloadTooLarge(bytes.size(), limit, owner.record());
     }
     WriteResult written;
     try {
       written = write_result(owner, bytes);
     } catch (...) {
-      finish(owner, OwnerState::kGone, nullptr);
+      owners_.finish(owner, OwnerState::kGone, nullptr);
       throw;
     }
     if (written == WriteResult::kFenced) {
       const std::string why = fenced_reason(owner);
       if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
-      finish(owner, OwnerState::kGone, nullptr);
+      owners_.finish(owner, OwnerState::kGone, nullptr);
       throw LeaseLost(owner.token(), why, owner.record());
     }
     if (events_) emit_for(EventKind::kRan, owner, owner.started);
-    finish(owner, OwnerState::kCompleted, &bytes);
+    owners_.finish(owner, OwnerState::kCompleted, &bytes);
     return fresh_result(owner.token(), owner.attempt.number(), owner.attempt.stolen(),
                         std::move(bytes));
   }
@@ -485,7 +331,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       if (heartbeat_.remove(owner)) {
         release_quietly(owner);
         if (events_) emit_for(EventKind::kReleased, owner, owner.started);
-        finish(owner, OwnerState::kGone, nullptr);
+        owners_.finish(owner, OwnerState::kGone, nullptr);
       }
       throw PayloadTooLarge(bytes.size(), limit, owner.record());
     }
@@ -521,7 +367,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     owner.in_caller_tx.store(false, std::memory_order_relaxed);
     const std::string why = fenced_reason(owner);
     if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
-    finish(owner, OwnerState::kGone, nullptr);
+    owners_.finish(owner, OwnerState::kGone, nullptr);
     return LeaseLost(owner.token(), why, owner.record());
   }
 
@@ -533,7 +379,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     heartbeat_.remove(owner);
     owner.in_caller_tx.store(false, std::memory_order_relaxed);
     if (events_) emit_for(EventKind::kRan, owner, owner.started);
-    finish(owner, OwnerState::kCompleted, &bytes);
+    owners_.finish(owner, OwnerState::kCompleted, &bytes);
     return fresh_result(owner.token(), owner.attempt.number(), owner.attempt.stolen(),
                         std::move(bytes));
   }
@@ -548,7 +394,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     if (heartbeat_.remove(owner)) {
       release_quietly(owner);
       if (events_) emit_for(EventKind::kReleased, owner, owner.started);
-      finish(owner, OwnerState::kGone, nullptr);
+      owners_.finish(owner, OwnerState::kGone, nullptr);
     }
     return false;
   }
@@ -654,7 +500,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     if (!heartbeat_.remove(owner)) return;
     release_quietly(owner);
     if (events_) emit_for(EventKind::kReleased, owner, owner.started);
-    finish(owner, OwnerState::kGone, nullptr);
+    owners_.finish(owner, OwnerState::kGone, nullptr);
   }
 
   // Ends an owner without a store call (AttemptHandle::abandon): the lease runs out on its
@@ -664,7 +510,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     // False when shutdown released the lease already.
     if (!heartbeat_.remove(owner)) return;
     if (events_) emit_for(EventKind::kAbandoned, owner, owner.started);
-    finish(owner, OwnerState::kGone, nullptr);
+    owners_.finish(owner, OwnerState::kGone, nullptr);
   }
 
   void shutdown(Duration timeout) noexcept {
@@ -761,124 +607,47 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
   }
 
-  OwnerShard& shard(std::size_t hash) const {
-    return shards_[(hash ^ (hash >> 32)) & (kOwnerShards - 1)];
-  }
-
-  // The in-process owner (or poller) of the key other than `self`, counted as a waiter so
-  // that it publishes its outcome.
   std::shared_ptr<InFlight> find_owner(const IdView& id, std::size_t hash,
                                        const InFlight* self) const {
-    OwnerShard& s = shard(hash);
-    if (s.count.load(std::memory_order_acquire) == 0) return nullptr;
-    std::lock_guard lock(s.mu);
-    auto* found = s.find(id, hash);
-    if (found == nullptr || found->get() == self) return nullptr;
-    (*found)->waiters.fetch_add(1, std::memory_order_relaxed);
-    return *found;
+    return owners_.find(id, hash, self);
   }
 
-  // Lists a poller unless somebody is listed for the key already.
-  bool register_poller(const std::shared_ptr<InFlight>& poller) const {
-    OwnerShard& s = shard(poller->hash);
-    std::lock_guard lock(s.mu);
-    if (s.find(poller->id(), poller->hash) != nullptr) return false;
-    s.owners.push_back(poller);
-    s.count.fetch_add(1, std::memory_order_release);
-    return true;
-  }
-
-  void register_owner(const std::shared_ptr<InFlight>& owner) const {
-    OwnerShard& s = shard(owner->hash);
-    // An earlier owner that released a moment ago, or this call's own poller, may still be
-    // listed: the new owner takes its place. The entry replaced is dropped after the lock.
-    std::shared_ptr<InFlight> replaced = owner;
-    std::lock_guard lock(s.mu);
-    if (auto* found = s.find(owner->id(), owner->hash)) {
-      found->swap(replaced);
-    } else {
-      s.owners.push_back(std::move(replaced));
-      s.count.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  // Takes the owner off the table and hands its outcome to the duplicates waiting on it.
-  void finish(InFlight& owner, OwnerState state, const std::string* payload) const noexcept {
-    // The table's reference is dropped after the lock; the caller holds its own.
-    std::shared_ptr<InFlight> unlisted;
-    {
-      OwnerShard& s = shard(owner.hash);
-      std::lock_guard lock(s.mu);
-      auto& owners = s.owners;
-      for (std::size_t i = 0; i < owners.size(); ++i) {
-        if (owners[i].get() != &owner) continue;
-        unlisted = std::move(owners[i]);
-        if (i + 1 != owners.size()) owners[i] = std::move(owners.back());
-        owners.pop_back();
-        s.count.fetch_sub(1, std::memory_order_release);
-        break;
-      }
-    }
-    // Nobody can find the owner any more; every duplicate that did is counted.
-    if (owner.waiters.load(std::memory_order_relaxed) == 0) return;
-    {
-      std::lock_guard lock(owner.mu);
-      owner.state = state;
-      if (payload) {
-        owner.payload = *payload;
-        owner.has_payload = true;
-      }
-    }
-    owner.cv.notify_all();
-  }
-
-  // Wakes a duplicate waiting on an owner in memory when its call is cancelled.
-  struct WakeFollower {
-    InFlight* owner;
-    void operator()() const noexcept {
-      { std::lock_guard lock(owner->mu); }
-      owner->cv.notify_all();
-    }
-  };
-
-  // Waits in memory on an in-process owner. Returns its result, a busy answer when the
-  // waiting bound runs out or the call is cancelled, or nullopt when the owner gave the key
-  // up and the caller should go back to the store.
+  // Waits in memory on an in-process owner (SPEC §7). Returns its result, a busy answer
+  // when the waiting bound runs out or the call is cancelled, or nullopt when the owner
+  // gave the key up and the caller should go back to the store.
   std::optional<BytesBegin> follow(InFlight& owner, const Call& call,
                                    SteadyClock::time_point wait_deadline, RecordRef record,
                                    SteadyClock::time_point started) const {
-    struct Leave {
-      InFlight& owner;
-      ~Leave() { owner.waiters.fetch_sub(1, std::memory_order_relaxed); }
-    } leave{owner};
     // SPEC §5: key reuse is detected against the in-process owner's fingerprint too.
-    check_fingerprint(owner.fingerprint, call.fingerprint, record);
-    // Registered before the lock: it runs at once if the call is cancelled already.
-    std::optional<std::stop_callback<WakeFollower>> wake;
-    if (call.stop.stop_possible()) wake.emplace(call.stop, WakeFollower{&owner});
-    std::unique_lock lock(owner.mu);
-    for (;;) {
-      if (owner.state == OwnerState::kCompleted && owner.has_payload) {
-        if (events_) emit(EventKind::kFollowed, record, owner.token(), owner.attempt.number(), started);
+    try {
+      check_fingerprint(owner.fingerprint, call.fingerprint, record);
+    } catch (...) {
+      owner.waiters.fetch_sub(1, std::memory_order_relaxed);
+      throw;
+    }
+    std::string payload;
+    switch (detail::follow_owner(owner, wait_deadline, call.stop, closing_, waiting_, payload)) {
+      case Followed::kCompleted: {
+        if (events_) {
+          emit(EventKind::kFollowed, record, owner.token(), owner.attempt.number(), started);
+        }
         Result<std::string> r;
         r.replayed = true;
         r.token = owner.token();
         r.attempt = owner.attempt.number();
         r.stolen = owner.attempt.stolen();
-        r.value = owner.payload;
+        r.value = std::move(payload);
         return BytesBegin(std::move(r));
       }
-      if (owner.state != OwnerState::kRunning) return std::nullopt;
-      if (closing()) throw shut_down_error();
-      const auto now = SteadyClock::now();
-      if (now >= wait_deadline || call.stop.stop_requested()) {
-        if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
-        return BytesBegin(busy_of(owner, now));
-      }
-      waiting_.fetch_add(1, std::memory_order_relaxed);
-      owner.cv.wait_until(lock, wait_deadline);
-      waiting_.fetch_sub(1, std::memory_order_relaxed);
+      case Followed::kGone:
+        return std::nullopt;
+      case Followed::kShutDown:
+        throw shut_down_error();
+      case Followed::kWaitOver:
+        break;
     }
+    if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+    return BytesBegin(busy_of(owner, SteadyClock::now()));
   }
 
   // Best effort (SPEC §5): if the store is down the lease simply expires and the next
@@ -918,7 +687,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   // write is unconfirmed (StoreUnavailable::unconfirmed) is never settled by a read: the
   // complete is repeated until the store confirms it or the lease runs out.
   WriteResult write_result(InFlight& owner, const std::string& bytes) {
-    Duration pause = kCompleteFirstRetry;
+    Backoff pause(kCompleteFirstRetry, kCompleteMaxRetry);
     for (int tries = 0;; ++tries) {
       try {
         return guarded(
@@ -933,7 +702,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         if (seen == ReadBack::kRecorded) return WriteResult::kDone;
         if (seen == ReadBack::kNotOurs) return WriteResult::kFenced;
         const bool immediately = tries == 0 && seen == ReadBack::kStillOurs;
-        if (!immediately && SteadyClock::now() + pause >= owner.local_deadline()) {
+        if (!immediately && SteadyClock::now() + pause.pause() >= owner.local_deadline()) {
           throw StoreUnavailable(
               e.store(),
               e.reason() + (seen == ReadBack::kStillOurs
@@ -942,8 +711,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
               owner.record(), e.unconfirmed());
         }
         if (!immediately) {
-          std::this_thread::sleep_for(pause);
-          pause = std::min(pause * 2, kCompleteMaxRetry);
+          std::this_thread::sleep_for(pause.pause());
+          pause.advance();
         }
       }
     }
@@ -1003,11 +772,11 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
                      counted == nullptr ? shared_from_this() : std::shared_ptr<ExecutorImpl>());
     const std::shared_ptr<InFlight>& held = begun.handle()->state_;
     heartbeat_.add(held);
-    register_owner(held);
+    owners_.add_owner(held);
     if (call.stop.stop_possible()) state.cancel.emplace(call.stop, RequestStop{&state});
     if (poller) {
       // The duplicates that waited on this call's polling now wait on it as the owner.
-      finish(*poller, OwnerState::kGone, nullptr);
+      owners_.finish(*poller, OwnerState::kGone, nullptr);
       poller.reset();
     }
     if (events_ && acquired.stolen) emit_for(EventKind::kStolen, state, started);
@@ -1020,40 +789,23 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   std::int64_t counted() const noexcept { return calls_.total(); }
 
   // Owners and pollers in the table.
-  std::size_t listed() const noexcept {
-    std::size_t n = 0;
-    for (std::size_t i = 0; i < kOwnerShards; ++i) {
-      n += shards_[i].count.load(std::memory_order_acquire);
-    }
-    return n;
-  }
+  std::size_t listed() const noexcept { return owners_.listed(); }
 
   // Wakes every call that waits (polling, or on an owner in memory) so that it sees the
   // shutdown.
   void wake_waiters() noexcept {
     { std::lock_guard lock(sleep_mu_); }
     sleep_cv_.notify_all();
-    for (const auto& owner : snapshot()) {
+    for (const auto& owner : owners_.snapshot()) {
       { std::lock_guard lock(owner->mu); }
       owner->cv.notify_all();
     }
   }
 
-  std::vector<std::shared_ptr<InFlight>> snapshot() const {
-    std::vector<std::shared_ptr<InFlight>> all;
-    for (std::size_t i = 0; i < kOwnerShards; ++i) {
-      OwnerShard& s = shards_[i];
-      if (s.count.load(std::memory_order_acquire) == 0) continue;
-      std::lock_guard lock(s.mu);
-      all.insert(all.end(), s.owners.begin(), s.owners.end());
-    }
-    return all;
-  }
-
   // Releases the lease of every owner still listed (a run()'s action still running, an
   // open handle): its stop token is requested and its complete() will throw LeaseLost.
   void abandon_listed() noexcept {
-    for (const auto& owner : snapshot()) {
+    for (const auto& owner : owners_.snapshot()) {
       if (!owner->owner()) continue;
       owner->request_stop();
       // SPEC §14: its result is written on a caller's transaction, which decides; a release
@@ -1062,7 +814,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       if (!heartbeat_.remove(*owner)) continue;  // ending on its own thread right now
       release_quietly(*owner);
       if (events_) emit_for(EventKind::kReleased, *owner, owner->started);
-      finish(*owner, OwnerState::kGone, nullptr);
+      owners_.finish(*owner, OwnerState::kGone, nullptr);
     }
   }
 
@@ -1072,7 +824,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   const bool events_;
   // Declared after store_ so that it stops before the store can go away.
   detail::Heartbeat heartbeat_;
-  std::unique_ptr<OwnerShard[]> shards_;
+  detail::OwnerTable owners_;
   CallCounter calls_;
   mutable std::atomic<std::size_t> waiting_{0};
   // Set once by shutdown; new calls are refused and waits end.

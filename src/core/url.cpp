@@ -4,7 +4,7 @@
 #include <string>
 
 #include "idem/error.h"
-#include "idem/open_store.h"
+#include "idem/store_url.h"
 
 namespace idem {
 namespace {

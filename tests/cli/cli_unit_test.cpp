@@ -239,14 +239,11 @@ TEST(StoreLocation, FlagThenEnvironmentThenDefault) {
   ScopedEnv xdg("XDG_STATE_HOME", (dir / "state").string());
   {
     ScopedEnv store("IDEM_STORE", "memory:");
-    EXPECT_EQ(choose_store("sqlite:///flag.db").url, "sqlite:///flag.db");
-    EXPECT_EQ(choose_store("").url, "memory:");
-    EXPECT_FALSE(choose_store("").default_path.has_value());
+    EXPECT_EQ(store_url("sqlite:///flag.db"), "sqlite:///flag.db");
+    EXPECT_EQ(store_url(""), "memory:");
   }
   ScopedEnv store("IDEM_STORE", std::nullopt);
-  StoreChoice choice = choose_store("");
-  EXPECT_EQ(choice.url, "sqlite://" + (dir / "state/idem/idem.db").string());
-  EXPECT_EQ(choice.default_path, (dir / "state/idem/idem.db").string());
+  EXPECT_EQ(store_url(""), "sqlite://" + (dir / "state/idem/idem.db").string());
   std::filesystem::remove_all(dir);
 }
 

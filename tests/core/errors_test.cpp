@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -36,6 +37,21 @@ TEST(Iso8601, FormatsStoreTimestampsInUtcWithMilliseconds) {
   EXPECT_EQ(idem::to_iso8601(idem::Timestamp{idem::Duration{1709251199250}}),
             "2024-02-29T23:59:59.250Z");
   EXPECT_EQ(idem::to_iso8601(idem::Timestamp{-1ms}), "1969-12-31T23:59:59.999Z");
+}
+
+TEST(Iso8601, TheExtremesFormatWithoutOverflow) {
+  using Rep = idem::Duration::rep;
+  const std::string min =
+      idem::to_iso8601(idem::Timestamp{idem::Duration{std::numeric_limits<Rep>::min()}});
+  const std::string max =
+      idem::to_iso8601(idem::Timestamp{idem::Duration{std::numeric_limits<Rep>::max()}});
+  // -9223372036854775808 ms and 9223372036854775807 ms, rounded down to the second.
+  EXPECT_EQ(min, "-292275055-05-16T16:47:04.192Z");
+  EXPECT_EQ(max, "292278994-08-17T07:12:55.807Z");
+  EXPECT_EQ(idem::to_iso8601(idem::Timestamp{idem::Duration{-86'400'000}}),
+            "1969-12-31T00:00:00.000Z");
+  EXPECT_EQ(idem::to_iso8601(idem::Timestamp{idem::Duration{951'782'400'000}}),
+            "2000-02-29T00:00:00.000Z");
 }
 
 TEST_F(ErrorsTest, InProgressNamesTheRecordAndItsDeadlineInIso8601) {

@@ -10,7 +10,7 @@
 
 #include "core/record_id.h"
 #include "idem/error.h"
-#include "idem/open_store.h"
+#include "stores/memory/memory_url.h"
 
 namespace idem {
 namespace {

@@ -16,12 +16,13 @@
 
 #include "core/record_id.h"
 #include "idem/error.h"
-#include "idem/open_store.h"
-#include "stores/postgres/pg_batcher.h"
-#include "stores/postgres/pg_connection.h"
-#include "stores/postgres/pg_pool.h"
-#include "stores/postgres/pg_server.h"
-#include "stores/postgres/postgres_sql.h"
+#include "stores/postgres/postgres_batcher.h"
+#include "stores/postgres/postgres_connection.h"
+#include "stores/postgres/postgres_pool.h"
+#include "stores/postgres/postgres_operations.h"
+#include "stores/postgres/postgres_schema.h"
+#include "stores/postgres/postgres_server.h"
+#include "stores/postgres/postgres_url.h"
 
 namespace idem {
 namespace {
@@ -38,6 +39,25 @@ using postgres::SessionUse;
 using postgres::Statement;
 using postgres::SteadyClock;
 using postgres::TableNames;
+using postgres::AcquireBatcher;
+using postgres::AcquireRequest;
+using postgres::CompleteBatcher;
+using postgres::CompleteRequest;
+using postgres::Fnv1a;
+using postgres::ReadBatcher;
+using postgres::ReadRequest;
+using postgres::Row;
+using postgres::Statements;
+using postgres::describe_of;
+using postgres::id_of;
+using postgres::live_answer;
+using postgres::param_value;
+using postgres::parse_conninfo;
+using postgres::parse_table;
+using postgres::record_id;
+using postgres::row_of;
+using postgres::set_param;
+using postgres::valid_identifier;
 
 // Requests per batched statement, and the largest payload a batched complete carries (a
 // larger one runs alone, so a batch's arrays stay small).
@@ -65,239 +85,7 @@ constexpr int kScoreAbsent = 3;
 constexpr int kScoreLive = 1;
 constexpr int kScoreBound = 48;
 
-constexpr std::size_t kMaxNameLength = 48;
-
-// FNV-1a, 64 bits: stable across processes, machines and builds, which std::hash is not.
-// Advisory lock ids only need to spread keys; two keys sharing an id merely take turns.
-class Fnv1a {
- public:
-  Fnv1a& add(std::string_view bytes) {
-    for (char c : bytes) {
-      h_ ^= static_cast<unsigned char>(c);
-      h_ *= 0x100000001b3ULL;
-    }
-    return *this;
-  }
-  Fnv1a& add_length(std::size_t n) {
-    const char bytes[4] = {static_cast<char>(n >> 24), static_cast<char>(n >> 16),
-                           static_cast<char>(n >> 8), static_cast<char>(n)};
-    return add(std::string_view(bytes, 4));
-  }
-  std::int64_t value() const { return static_cast<std::int64_t>(h_); }
-
- private:
-  std::uint64_t h_ = 0xcbf29ce484222325ULL;
-};
-
-bool valid_identifier(std::string_view s) {
-  if (s.empty() || s.size() > kMaxNameLength) return false;
-  if (s.front() >= '0' && s.front() <= '9') return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-  });
-}
-
-// "name" or "schema.name"; the schema is empty when not given.
-TableNames parse_table(const std::string& table) {
-  TableNames n;
-  const std::size_t dot = table.find('.');
-  n.name = dot == std::string::npos ? table : table.substr(dot + 1);
-  if (dot != std::string::npos) n.schema = table.substr(0, dot);
-  const bool ok =
-      valid_identifier(n.name) && (dot == std::string::npos || valid_identifier(n.schema));
-  if (!ok) {
-    throw InvalidArgument("table", "must be 'name' or 'schema.name', each 1 to " +
-                                       std::to_string(kMaxNameLength) +
-                                       " lowercase letters, digits or '_' (not starting with a "
-                                       "digit), got '" +
-                                       table + "'");
-  }
-  return n;
-}
-
-// One record as a statement returned it (select_record's columns, and acquire's outcome).
-struct Row {
-  int state = 0;
-  Token token = 0;
-  std::uint32_t attempt = 0;
-  Timestamp acquired_at{};
-  Timestamp lease_expires_at{};
-  Timestamp completed_at{};
-  Timestamp expires_at{};
-  std::optional<std::string> fingerprint;
-  std::string payload;
-  Timestamp now{};
-  int outcome = -1;  // acquire only
-};
-
-Row row_of(const Result& r, int row, bool with_outcome) {
-  Row out;
-  out.state = r.int2(row, postgres::kColState);
-  out.token = static_cast<Token>(r.int8(row, postgres::kColToken));
-  out.attempt = static_cast<std::uint32_t>(r.int4(row, postgres::kColAttempt));
-  out.expires_at = r.time(row, postgres::kColExpiresAt);
-  if (out.state == postgres::kStateComplete) {
-    out.completed_at = r.time(row, postgres::kColCompletedAt);
-    out.payload = std::string(r.bytes(row, postgres::kColPayload));
-  } else {
-    out.acquired_at = r.time(row, postgres::kColAcquiredAt);
-    out.lease_expires_at = r.time(row, postgres::kColLeaseExpiresAt);
-  }
-  if (!r.is_null(row, postgres::kColFingerprint)) {
-    out.fingerprint = std::string(r.bytes(row, postgres::kColFingerprint));
-  }
-  out.now = r.time(row, postgres::kColNow);
-  if (with_outcome) out.outcome = r.int2(row, postgres::kColOutcome);
-  return out;
-}
-
-// SPEC §4: a live record (COMPLETE and not expired, or IN_PROGRESS with a live lease)
-// answers acquire without a write. nullopt when the record is not live.
-std::optional<AcquireResult> live_answer(Row& r) {
-  if (r.state == postgres::kStateComplete) {
-    if (r.expires_at <= r.now) return std::nullopt;
-    return Replay{std::move(r.payload), r.completed_at, r.expires_at, std::move(r.fingerprint)};
-  }
-  if (r.lease_expires_at <= r.now) return std::nullopt;
-  return Busy{r.lease_expires_at, r.lease_expires_at - r.now, std::move(r.fingerprint)};
-}
-
-// The record a request is about, as one string: two requests for one record never share a
-// batch.
-std::string record_id(std::string_view scope, std::string_view key) {
-  std::string id;
-  detail::encode_record_id(id, scope, key);
-  return id;
-}
-
-struct ReadRequest {
-  std::string_view scope;
-  std::string_view key;
-  std::string id;
-};
-
-struct AcquireRequest {
-  std::string_view scope;
-  std::string_view key;
-  Duration lease;
-  Duration ttl;
-  std::optional<std::string_view> fingerprint;
-  std::int64_t lock;
-  std::string id;
-};
-
-struct CompleteRequest {
-  std::string_view scope;
-  std::string_view key;
-  Token token;
-  std::string_view payload;
-  Duration ttl;
-  std::string id;
-};
-
-// nullopt: no record (reads), or a lost race to run again (acquires).
-using ReadBatcher = postgres::Batcher<ReadRequest, std::optional<Row>>;
-using AcquireBatcher = postgres::Batcher<AcquireRequest, std::optional<Row>>;
-using CompleteBatcher = postgres::Batcher<CompleteRequest, bool>;
-
-template <typename R>
-std::string_view id_of(const R& r) {
-  return r.id;
-}
-
-// The libpq parameters parsed from a connection string; only those given.
-std::vector<std::pair<std::string, std::string>> parse_conninfo(const std::string& conninfo) {
-  char* error = nullptr;
-  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &error);
-  if (parsed == nullptr) {
-    std::string why = error ? error : "out of memory";
-    PQfreemem(error);
-    while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
-    throw InvalidArgument("PostgreSQL connection string", why);
-  }
-  std::vector<std::pair<std::string, std::string>> out;
-  for (PQconninfoOption* o = parsed; o->keyword != nullptr; ++o) {
-    if (o->val != nullptr) out.emplace_back(o->keyword, o->val);
-  }
-  PQconninfoFree(parsed);
-  return out;
-}
-
-std::string param_value(const std::vector<std::pair<std::string, std::string>>& params,
-                        std::string_view name) {
-  for (const auto& [k, v] : params) {
-    if (k == name) return v;
-  }
-  return {};
-}
-
-void set_param(std::vector<std::pair<std::string, std::string>>& params, const std::string& name,
-               const std::string& value) {
-  for (auto& [k, v] : params) {
-    if (k == name) {
-      v = value;
-      return;
-    }
-  }
-  params.emplace_back(name, value);
-}
-
-// "postgresql://user@host:port/db?table=...", never with a password.
-std::string describe_of(const std::vector<std::pair<std::string, std::string>>& params,
-                        const TableNames& names, bool default_table) {
-  const std::string user = param_value(params, "user");
-  std::string host = param_value(params, "host");
-  if (host.empty()) host = param_value(params, "hostaddr");
-  const std::string port = param_value(params, "port");
-  std::string out = "postgresql://";
-  if (!user.empty()) out += user + "@";
-  std::vector<std::string> query;
-  if (!host.empty() && host.front() == '/') {
-    query.push_back("host=" + host);
-  } else {
-    out += host.find(':') != std::string::npos ? "[" + host + "]" : host;
-  }
-  if (!port.empty()) out += ":" + port;
-  out += "/" + param_value(params, "dbname");
-  if (!default_table) query.push_back("table=" + names.display());
-  for (std::size_t i = 0; i < query.size(); ++i) out += (i == 0 ? "?" : "&") + query[i];
-  return out;
-}
-
 }  // namespace
-
-// The store's statements, each named by a hash of its text, and the ones that carry its
-// settings into a transaction when no server session is its own.
-struct Statements {
-  Statements(const postgres::Sql& sql, const std::string& table, const PostgresStoreOptions& o)
-      : select_record(table, sql.select_record, {kBytea, kBytea}),
-        acquire(table, sql.acquire, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}),
-        complete(table, sql.complete, {kBytea, kBytea, kInt8, kBytea, kInt8}),
-        completed_by(table, sql.completed_by, {kBytea, kBytea, kInt8}),
-        release(table, sql.release, {kBytea, kBytea, kInt8}),
-        extend(table, sql.extend, {kBytea, kBytea, kInt8, kInt8}),
-        extend_many(table, sql.extend_many, {kByteas, kByteas, kInt8s, kInt8s}),
-        purge(table, sql.purge, {kInt8}),
-        forget(table, sql.forget, {kBytea, kBytea}),
-        select_many(table, sql.select_many, {kByteas, kByteas}),
-        acquire_many(table, sql.acquire_many, {kByteas, kByteas, kInt8s, kInt8s, kByteas, kInt8s}),
-        complete_many(table, sql.complete_many, {kByteas, kByteas, kInt8s, kByteas, kInt8s}),
-        begin(table, std::string("BEGIN ISOLATION LEVEL READ COMMITTED") +
-                         (o.read_only ? " READ ONLY" : "")),
-        commit(table, "COMMIT"),
-        settings(table, postgres::transaction_settings(o.timeout, o.asynchronous_commit)),
-        acquire_nowait(table, sql.acquire_nowait, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}) {}
-
-  static constexpr Oid kBytea = postgres::kByteaOid;
-  static constexpr Oid kInt8 = postgres::kInt8Oid;
-  static constexpr Oid kByteas = postgres::kByteaArrayOid;
-  static constexpr Oid kInt8s = postgres::kInt8ArrayOid;
-  Statement select_record, acquire, complete, completed_by, release, extend, extend_many, purge,
-      forget, select_many, acquire_many, complete_many;
-  Statement begin, commit, settings;
-  // Only on a caller's connection (SPEC §14).
-  Statement acquire_nowait;
-};
 
 // Whether a statement only reads (one snapshot, nothing to commit) or may write.
 enum class Access { kRead, kWrite };
@@ -529,7 +317,7 @@ struct PostgresStore::Impl {
     }
   }
 
-  // --- the batches' runners (pg_batcher.h): a batch of one runs the single statement ---
+  // --- the batches' runners (postgres_batcher.h): a batch of one runs the single statement ---
 
   // Hands each row of `r` to the entry it answers: the one at the row's 1-based position
   // (column `position`), or the only entry when `position` < 0.
@@ -987,102 +775,5 @@ void PostgresStore::do_rollback(const SqlConnection& conn) noexcept {
   if (status != PQTRANS_INTRANS && status != PQTRANS_INERROR) return;
   PQclear(PQexec(pg, "ROLLBACK"));
 }
-
-namespace detail {
-
-namespace {
-
-// Quotes a value for a libpq keyword/value connection string.
-std::string conninfo_value(const std::string& v) {
-  std::string out = "'";
-  for (char c : v) {
-    if (c == '\'' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "'";
-}
-
-std::size_t parse_count(const std::string& name, const std::string& value) {
-  std::size_t n = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc{} || end != value.data() + value.size() || n == 0) {
-    throw InvalidArgument("store URL", "parameter '" + name +
-                                           "' must be a positive whole number, got '" + value +
-                                           "'");
-  }
-  return n;
-}
-
-// The value of an enumerated URL parameter: the one of `choices` (word, value) whose word
-// it is, or InvalidArgument listing the words.
-template <typename T>
-T parse_choice(const std::string& name, const std::string& value,
-               std::initializer_list<std::pair<std::string_view, T>> choices) {
-  std::string words;
-  std::size_t i = 0;
-  for (const auto& [word, result] : choices) {
-    if (value == word) return result;
-    words += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + ("'" + std::string(word) + "'");
-    ++i;
-  }
-  throw InvalidArgument("store URL",
-                        "parameter '" + name + "' must be " + words + ", got '" + value + "'");
-}
-
-}  // namespace
-
-std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& options) {
-  if (!url.has_authority) {
-    throw InvalidArgument("store URL", "'" + url.scheme +
-                                           ":' needs '//': postgresql://user@host:port/db or "
-                                           "postgresql:///db?host=/socket/dir");
-  }
-  PostgresStoreOptions o;
-  std::string conninfo;
-  auto add = [&](const std::string& k, const std::string& v) {
-    conninfo += (conninfo.empty() ? "" : " ") + k + "=" + conninfo_value(v);
-  };
-  if (!url.host.empty()) add("host", url.host);
-  if (url.port != 0) add("port", std::to_string(url.port));
-  if (url.path.size() > 1) add("dbname", url.path.substr(1));
-  if (!url.user.empty()) add("user", url.user);
-  if (!url.password.empty()) add("password", url.password);
-  for (const auto& [name, value] : url.query) {
-    if (name == "table") {
-      o.table = value;
-    } else if (name == "pool_size") {
-      o.pool_size = parse_count(name, value);
-    } else if (name == "timeout") {
-      o.timeout = Duration{static_cast<Duration::rep>(parse_count(name, value))};
-    } else if (name == "synchronous_commit") {
-      o.asynchronous_commit = parse_choice<bool>(name, value, {{"default", false}, {"off", true}});
-    } else if (name == "acquire") {
-      o.acquire = parse_choice<PostgresAcquire>(name, value,
-                                                {{"adaptive", PostgresAcquire::kAdaptive},
-                                                 {"read-first", PostgresAcquire::kReadFirst},
-                                                 {"write-first", PostgresAcquire::kWriteFirst}});
-    } else if (name == "pooler") {
-      o.pooler = parse_choice<PostgresPooler>(name, value,
-                                              {{"auto", PostgresPooler::kAuto},
-                                               {"none", PostgresPooler::kNone},
-                                               {"session", PostgresPooler::kSession},
-                                               {"transaction", PostgresPooler::kTransaction}});
-    } else if (name == "statements") {
-      o.statements = parse_choice<PostgresStatements>(
-          name, value,
-          {{"prepared", PostgresStatements::kPrepared}, {"unnamed", PostgresStatements::kUnnamed}});
-    } else if (name == "server") {
-      o.check_server = parse_choice<bool>(name, value, {{"postgresql", true}, {"any", false}});
-    } else {
-      add(name, value);  // libpq's own: sslmode, connect_timeout, application_name, ...
-    }
-  }
-  o.conninfo = conninfo;
-  o.read_only = options.read_only;
-  o.create_if_missing = options.create_if_missing;
-  return std::make_shared<PostgresStore>(std::move(o));
-}
-
-}  // namespace detail
 
 }  // namespace idem

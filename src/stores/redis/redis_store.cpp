@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "idem/error.h"
-#include "idem/open_store.h"
 #include "stores/redis/redis_connection.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_scripts.h"
+#include "stores/redis/redis_url.h"
 
 namespace idem {
 namespace {

@@ -1,9 +1,10 @@
 #include "idem/stores/sqlite_store.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
-#include <cctype>
-#include <charconv>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -16,73 +17,49 @@
 #include <vector>
 
 #include "idem/error.h"
-#include "idem/open_store.h"
-#include "stores/sqlite/sqlite_db.h"
-#include "stores/sqlite/sqlite_sql.h"
+#include "stores/sqlite/sqlite_connection.h"
+#include "stores/sqlite/sqlite_operations.h"
+#include "stores/sqlite/sqlite_schema.h"
+#include "stores/sqlite/sqlite_url.h"
 #include "stores/sqlite/sqlite_write_queue.h"
 
 namespace idem {
 namespace {
 
+using sqlite::acquire_locked;
+using sqlite::complete_locked;
 using sqlite::Connection;
-using sqlite::OpenMode;
-using sqlite::kSqlSelectRecord;
-using sqlite::kSqlNextToken;
-using sqlite::kSqlWriteLease;
+using sqlite::fingerprint_of;
+using sqlite::judge;
+using sqlite::Judgement;
+using sqlite::kColAcquiredAt;
+using sqlite::kColAttempt;
+using sqlite::kColCompletedAt;
+using sqlite::kColExpiresAt;
+using sqlite::kColLeaseExpiresAt;
+using sqlite::kColPayload;
+using sqlite::kColState;
+using sqlite::kColToken;
+using sqlite::kComplete;
 using sqlite::kSqlComplete;
 using sqlite::kSqlCompletedBy;
-using sqlite::kSqlRelease;
 using sqlite::kSqlExtend;
-using sqlite::kSqlPurge;
 using sqlite::kSqlForget;
+using sqlite::kSqlNextToken;
+using sqlite::kSqlPurge;
+using sqlite::kSqlRelease;
+using sqlite::kSqlSelectRecord;
+using sqlite::kSqlWriteLease;
+using sqlite::lowercase;
+using sqlite::OpenMode;
+using sqlite::PooledConnection;
 using sqlite::Query;
 using sqlite::QueuedWrite;
+using sqlite::run_locked;
 using sqlite::Statement;
 using sqlite::Transaction;
+using sqlite::WriteOp;
 using sqlite::WriteQueue;
-
-// PRAGMA application_id marks the file as ours ("idem" in ASCII); PRAGMA user_version is the
-// schema version. A file with another application id, or with tables but no id, is not an
-// idem database and is never touched.
-constexpr std::int64_t kApplicationId = 0x6964656d;
-constexpr std::int64_t kSchemaVersion = 1;
-
-// Times are milliseconds since the epoch by the store's clock. purge_after is the moment
-// the record becomes purgeable (SPEC §4): expires_at for a COMPLETE record and
-// max(expires_at, lease_expires_at) for an IN_PROGRESS one; every write keeps it so, and
-// the purge index makes a bounded purge batch cheap.
-constexpr const char* kSqlSchema = R"sql(
-CREATE TABLE idem_records (
-  scope            BLOB    NOT NULL,
-  key              BLOB    NOT NULL,
-  state            INTEGER NOT NULL,  -- 0: IN_PROGRESS, 1: COMPLETE
-  token            INTEGER NOT NULL,
-  attempt          INTEGER NOT NULL,
-  acquired_at      INTEGER NOT NULL,
-  lease_expires_at INTEGER NOT NULL,
-  completed_at     INTEGER NOT NULL,
-  expires_at       INTEGER NOT NULL,
-  purge_after      INTEGER NOT NULL,
-  fingerprint      BLOB,
-  payload          BLOB,
-  PRIMARY KEY (scope, key)
-);
-CREATE INDEX idem_records_purge ON idem_records (purge_after);
-CREATE TABLE idem_meta (
-  id         INTEGER PRIMARY KEY CHECK (id = 1),
-  last_token INTEGER NOT NULL
-);
-INSERT INTO idem_meta (id, last_token) VALUES (1, 0);
-)sql";
-// The marks of a file that is idem's alone. A shared file (SqliteStoreOptions::shared) is
-// the application's: its header stays the application's, and idem's schema is known by
-// its two tables.
-constexpr const char* kSqlMarkFile = R"sql(
-PRAGMA application_id = 1768187245;
-PRAGMA user_version = 1;
-)sql";
-
-constexpr int kComplete = 1;
 
 // Records deleted per purge transaction, so a purge never holds the write lock for long.
 constexpr std::size_t kPurgeBatch = 256;
@@ -91,380 +68,10 @@ constexpr std::size_t kPurgeBatch = 256;
 constexpr std::size_t kMaxIdleConnections = 16;
 // The group commit's bounds: operations and payload bytes in one write transaction. A
 // transaction of 64 small operations holds the write lock for well under a millisecond.
-constexpr WriteQueue::Limits kBatchLimits{.max_operations = 64,
-                                          .max_bytes = std::size_t{1} << 20};
+constexpr WriteQueue::Limits kBatchLimits{.max_operations = 64, .max_bytes = std::size_t{1} << 20};
 // A checkpoint copies the WAL back into the database file once the WAL holds this many
 // frames (SQLite's own default for PRAGMA wal_autocheckpoint).
 constexpr int kCheckpointFrames = 1000;
-
-// Columns of kSqlSelectRecord, in order.
-enum Col {
-  kColState,
-  kColToken,
-  kColAttempt,
-  kColAcquiredAt,
-  kColLeaseExpiresAt,
-  kColCompletedAt,
-  kColExpiresAt,
-  kColFingerprint,
-  kColPayload
-};
-
-
-// One pooled connection with its prepared statements.
-struct PooledConnection {
-  Connection conn;
-  Statement select_record;
-  Statement next_token;
-  Statement write_lease;
-  Statement complete;
-  Statement completed_by;
-  Statement release;
-  Statement extend;
-  Statement purge;
-  Statement forget;
-  Statement begin;
-  Statement commit;
-  Statement rollback;
-  Statement savepoint;
-  Statement release_savepoint;
-  Statement rollback_to_savepoint;
-
-  PooledConnection(const std::string& path, const std::string& store, Duration busy_timeout,
-                   const std::string& synchronous, OpenMode mode, bool first, bool shared)
-      : conn(path, store, busy_timeout, mode) {
-    // The first connection checks the file before anything else touches it.
-    if (first) prepare_file(mode, shared);
-    conn.exec(synchronous == "full" ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
-              "cannot set PRAGMA synchronous");
-    select_record = conn.prepare(kSqlSelectRecord, "read record");
-    next_token = conn.prepare(kSqlNextToken, "next token");
-    write_lease = conn.prepare(kSqlWriteLease, "write lease");
-    complete = conn.prepare(kSqlComplete, "complete");
-    completed_by = conn.prepare(kSqlCompletedBy, "complete: check");
-    release = conn.prepare(kSqlRelease, "release");
-    extend = conn.prepare(kSqlExtend, "extend");
-    purge = conn.prepare(kSqlPurge, "purge");
-    forget = conn.prepare(kSqlForget, "forget");
-    begin = conn.prepare("BEGIN IMMEDIATE", "begin write transaction");
-    commit = conn.prepare("COMMIT", "commit");
-    rollback = conn.prepare("ROLLBACK", "rollback");
-    savepoint = conn.prepare("SAVEPOINT op", "savepoint");
-    release_savepoint = conn.prepare("RELEASE op", "release savepoint");
-    rollback_to_savepoint = conn.prepare("ROLLBACK TO op", "rollback to savepoint");
-  }
-
-  Transaction write_transaction() { return Transaction(conn, begin, commit, rollback); }
-
- private:
-  struct Header {
-    std::int64_t application_id = 0;
-    std::int64_t version = 0;
-    std::int64_t objects = 0;
-    std::int64_t idem_tables = 0;  // idem_records and idem_meta
-  };
-
-  Header read_header() {
-    return Header{
-        conn.query_int("PRAGMA application_id", "cannot read the database header"),
-        conn.query_int("PRAGMA user_version", "cannot read the database header"),
-        conn.query_int("SELECT count(*) FROM sqlite_schema", "cannot read the database schema"),
-        conn.query_int("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN "
-                       "('idem_records', 'idem_meta')",
-                       "cannot read the database schema")};
-  }
-
-  // Throws unless `h` is our schema at a version this build reads; returns false when the
-  // file is empty (or, shared, holds no idem tables yet) and the schema must be created.
-  bool accept(const Header& h, bool shared) {
-    if (shared && h.application_id != kApplicationId) {
-      // The application's file: its header is its own; idem's schema is its two tables.
-      if (h.idem_tables == 2) return true;
-      if (h.idem_tables == 0) return false;
-      throw StoreUnavailable(conn.store(),
-                             "the file holds one of idem's tables (idem_records, idem_meta) but "
-                             "not the other; refusing to use it");
-    }
-    if (h.application_id == kApplicationId) {
-      if (h.version > kSchemaVersion) {
-        throw StoreUnavailable(conn.store(),
-                               "the file was written by a newer version of idem (schema version " +
-                                   std::to_string(h.version) + "; this build reads version " +
-                                   std::to_string(kSchemaVersion) + ")");
-      }
-      if (h.version != kSchemaVersion) {
-        throw StoreUnavailable(conn.store(), "unknown idem schema version " +
-                                                 std::to_string(h.version) + " in the file");
-      }
-      return true;
-    }
-    if (h.application_id != 0 || h.version != 0 || h.objects != 0) {
-      throw StoreUnavailable(conn.store(),
-                             "not an idem database (it holds " + std::to_string(h.objects) +
-                                 " other schema objects, application_id " +
-                                 std::to_string(h.application_id) + ", user_version " +
-                                 std::to_string(h.version) +
-                                 "); refusing to use it. To keep idem's records in your "
-                                 "application's own database, open it with shared=1");
-    }
-    return false;
-  }
-
-  // Switching a file to WAL needs it to itself for a moment, and SQLite answers SQLITE_BUSY
-  // at once rather than calling the busy handler when another process is reading it (as
-  // processes opening a new file together do). So wait here, up to the busy timeout.
-  std::string switch_to_wal() {
-    const auto give_up = std::chrono::steady_clock::now() + conn.busy_timeout();
-    auto pause = std::chrono::milliseconds(1);
-    for (;;) {
-      std::string mode;
-      const int rc = conn.try_query_text("PRAGMA journal_mode = WAL", mode);
-      if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= give_up) {
-        conn.check(rc, "cannot switch to the WAL journal");
-        return mode;
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(20));
-    }
-  }
-
-  // Checks the file is ours (or empty), switches it to WAL and creates the schema when
-  // missing. A foreign or newer file is refused before anything is written to it; so is an
-  // empty one when the store may not create its schema, and a read-only store writes
-  // nothing at all.
-  void prepare_file(OpenMode open_mode, bool shared) {
-    // One read transaction, so the header values are one consistent snapshot.
-    conn.exec("BEGIN", "cannot read the database header");
-    Header h = read_header();
-    conn.exec("COMMIT", "cannot read the database header");
-    const bool ready = accept(h, shared);
-    if (!ready && open_mode != OpenMode::kCreate) {
-      throw StoreUnavailable(conn.store(),
-                             "the file holds no idem schema yet, and the store was opened " +
-                                 std::string(open_mode == OpenMode::kReadOnly
-                                                 ? "read-only"
-                                                 : "without creating it"));
-    }
-    if (open_mode == OpenMode::kReadOnly) return;
-    // Creating the schema needs no fsync per step; the connection's own setting follows.
-    conn.exec("PRAGMA synchronous = NORMAL", "cannot set PRAGMA synchronous");
-
-    const std::string mode = switch_to_wal();
-    if (mode != "wal") {
-      throw StoreUnavailable(
-          conn.store(),
-          "cannot switch to the WAL journal (the journal mode stayed '" + mode + "')");
-    }
-    if (ready) return;
-
-    // Another process may be creating the schema right now: decide again under the write
-    // lock.
-    Statement b = conn.prepare("BEGIN IMMEDIATE", "begin write transaction");
-    Statement c = conn.prepare("COMMIT", "commit");
-    Statement r = conn.prepare("ROLLBACK", "rollback");
-    Transaction tx(conn, b, c, r);
-    if (!accept(read_header(), shared)) {
-      conn.exec(kSqlSchema, "cannot create the schema");
-      if (!shared) conn.exec(kSqlMarkFile, "cannot create the schema");
-    }
-    tx.commit();
-  }
-};
-
-std::optional<std::string> fingerprint_of(const Query& q) {
-  if (q.column_is_null(kColFingerprint)) return std::nullopt;
-  return std::string(q.column_bytes(kColFingerprint));
-}
-
-// What acquire does with the record it read (SPEC §4). Returns Busy or Replay when the
-// answer needs no write; otherwise leaves the answer empty and says whether it is a steal.
-struct Judgement {
-  std::optional<AcquireResult> answer;
-  bool stolen = false;
-  std::uint32_t attempt = 1;
-};
-
-Judgement judge(const Query& q, bool found, Timestamp now) {
-  Judgement j;
-  if (!found) return j;
-  const Timestamp expires_at = q.column_time(kColExpiresAt);
-  if (q.column_int(kColState) == kComplete) {
-    if (expires_at > now) {
-      j.answer = Replay{std::string(q.column_bytes(kColPayload)), q.column_time(kColCompletedAt),
-                        expires_at, fingerprint_of(q)};
-    }
-    // SPEC §4: an expired COMPLETE is replaced as if absent.
-    return j;
-  }
-  const Timestamp lease_expires_at = q.column_time(kColLeaseExpiresAt);
-  if (lease_expires_at > now) {
-    j.answer = Busy{lease_expires_at, lease_expires_at - now, fingerprint_of(q)};
-    return j;
-  }
-  // SPEC §4: an IN_PROGRESS record whose lease deadline passed is stolen.
-  j.stolen = true;
-  j.attempt = static_cast<std::uint32_t>(q.column_int(kColAttempt)) + 1;
-  return j;
-}
-
-// One write queued for the group commit: its inputs, then its result.
-struct WriteOp : QueuedWrite {
-  enum class Kind { kAcquire, kComplete, kRelease, kExtend, kExtendMany, kPurge, kForget };
-  explicit WriteOp(Kind k) : kind(k) {}
-
-  const Kind kind;
-  std::string_view scope;
-  std::string_view key;
-  Token token = 0;
-  std::string_view payload;
-  Duration lease{0};
-  Duration ttl{0};
-  std::optional<std::string_view> fingerprint;
-  std::size_t limit = 0;                     // purge
-  std::span<const ExtendRequest> extends;    // extend_many
-
-  std::optional<AcquireResult> acquired;
-  WriteResult written = WriteResult::kFenced;
-  ExtendResult extended;
-  std::vector<ExtendResult> extended_many;
-  std::size_t deleted = 0;  // purge, forget
-};
-
-// The operations as they run inside a write transaction, each judged at its own `now`.
-
-// Absent, expired or stealable when read before queueing: decide again under the write
-// lock, since another process, or an earlier write of this batch, may have written the
-// record since the read.
-// (A template: the same steps run on a pooled connection and on a caller's, SPEC §14.)
-template <typename C>
-AcquireResult acquire_locked(C& c, const WriteOp& op, Timestamp now) {
-  Judgement j;
-  {
-    Query q(c.conn, c.select_record);
-    const bool found = q.bind(1, op.scope).bind(2, op.key).step();
-    j = judge(q, found, now);
-  }
-  if (j.answer) return std::move(*j.answer);
-  Token token = 0;
-  {
-    Query q(c.conn, c.next_token);
-    if (!q.step()) c.conn.fail(SQLITE_CORRUPT, "next token: the idem_meta row is missing");
-    token = static_cast<Token>(q.column_int(0));
-    while (q.step()) {
-    }
-  }
-  const Timestamp lease_expires_at = now + op.lease;
-  const Timestamp expires_at = now + op.ttl;
-  {
-    Query q(c.conn, c.write_lease);
-    q.bind(1, op.scope)
-        .bind(2, op.key)
-        .bind(3, static_cast<std::int64_t>(token))
-        .bind(4, static_cast<std::int64_t>(j.attempt))
-        .bind_time(5, now)
-        .bind_time(6, lease_expires_at)
-        .bind_time(7, expires_at);
-    if (op.fingerprint) {
-      q.bind(8, *op.fingerprint);
-    } else {
-      q.bind_null(8);
-    }
-    q.run();
-  }
-  return Acquired{Lease{token, now, lease_expires_at, expires_at, op.lease, j.attempt}, j.stolen};
-}
-
-template <typename C>
-WriteResult complete_locked(C& c, const WriteOp& op, Timestamp now) {
-  const auto tok = static_cast<std::int64_t>(op.token);
-  int changed = 0;
-  {
-    Query q(c.conn, c.complete);
-    changed = q.bind(1, op.scope)
-                  .bind(2, op.key)
-                  .bind(3, tok)
-                  .bind(4, op.payload)
-                  .bind_time(5, now)
-                  .bind_time(6, now + op.ttl)
-                  .run();
-  }
-  if (changed > 0) return WriteResult::kDone;
-  // SPEC §4: a complete repeated with the token that completed the record succeeds and
-  // changes nothing.
-  Query q(c.conn, c.completed_by);
-  return q.bind(1, op.scope).bind(2, op.key).bind(3, tok).step() ? WriteResult::kDone
-                                                                  : WriteResult::kFenced;
-}
-
-WriteResult release_locked(PooledConnection& c, const WriteOp& op) {
-  Query q(c.conn, c.release);
-  const int changed =
-      q.bind(1, op.scope).bind(2, op.key).bind(3, static_cast<std::int64_t>(op.token)).run();
-  return changed > 0 ? WriteResult::kDone : WriteResult::kFenced;
-}
-
-ExtendResult extend_locked(PooledConnection& c, std::string_view scope, std::string_view key,
-                           Token token, Duration lease, Timestamp now) {
-  const Timestamp deadline = now + lease;
-  Query q(c.conn, c.extend);
-  const int changed = q.bind(1, scope)
-                          .bind(2, key)
-                          .bind(3, static_cast<std::int64_t>(token))
-                          .bind_time(4, deadline)
-                          .run();
-  if (changed == 0) return ExtendResult{};
-  return ExtendResult{WriteResult::kDone, deadline, lease};
-}
-
-std::size_t purge_locked(PooledConnection& c, const WriteOp& op, Timestamp now) {
-  Query q(c.conn, c.purge);
-  return static_cast<std::size_t>(
-      q.bind_time(1, now).bind(2, static_cast<std::int64_t>(op.limit)).run());
-}
-
-std::size_t forget_locked(PooledConnection& c, const WriteOp& op) {
-  Query q(c.conn, c.forget);
-  return static_cast<std::size_t>(q.bind(1, op.scope).bind(2, op.key).run());
-}
-
-// `now` is read per operation (and per extend of an extend_many), as if each ran alone.
-void run_locked(PooledConnection& c, WriteOp& op, const Clock& clock) {
-  const Timestamp now = clock.now();
-  switch (op.kind) {
-    case WriteOp::Kind::kAcquire:
-      op.acquired = acquire_locked(c, op, now);
-      break;
-    case WriteOp::Kind::kComplete:
-      op.written = complete_locked(c, op, now);
-      break;
-    case WriteOp::Kind::kRelease:
-      op.written = release_locked(c, op);
-      break;
-    case WriteOp::Kind::kExtend:
-      op.extended = extend_locked(c, op.scope, op.key, op.token, op.lease, now);
-      break;
-    case WriteOp::Kind::kExtendMany:
-      op.extended_many.clear();  // a batch that ran again starts over
-      op.extended_many.reserve(op.extends.size());
-      for (const ExtendRequest& r : op.extends) {
-        op.extended_many.push_back(extend_locked(c, r.scope, r.key, r.token, r.lease,
-                                                 op.extended_many.empty() ? now : clock.now()));
-      }
-      break;
-    case WriteOp::Kind::kPurge:
-      op.deleted = purge_locked(c, op, now);
-      break;
-    case WriteOp::Kind::kForget:
-      op.deleted = forget_locked(c, op);
-      break;
-  }
-}
-
-std::string lowercase(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 }  // namespace
 
@@ -526,10 +133,14 @@ struct SqliteStore::Impl {
     path = abs.lexically_normal().string();
     describe = "sqlite://" + path;
     if (mode != OpenMode::kCreate && !std::filesystem::exists(path, ec) && !ec) {
-      throw StoreUnavailable(describe, std::string("the database file does not exist, and the "
-                                                   "store was opened ") +
-                                           (mode == OpenMode::kReadOnly ? "read-only"
-                                                                        : "without creating it"));
+      const std::string why =
+          std::string("the database file does not exist, and the store was opened ") +
+          (mode == OpenMode::kReadOnly ? "read-only" : "without creating it");
+      // StoreNotFound only when nothing is there (ENOENT); a path through a regular file
+      // (ENOTDIR) can never be a store and stays an error of the store.
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) throw StoreNotFound(describe, why);
+      throw StoreUnavailable(describe, why);
     }
     idle.push_back(open(/*first=*/true));
   }
@@ -872,8 +483,8 @@ void check_caller(sqlite3* db, const std::string& path, bool in_transaction) {
 }  // namespace
 
 WriteResult SqliteStore::do_complete_in(const SqlConnection& conn, std::string_view scope,
-                                        std::string_view key, Token token,
-                                        std::string_view payload, Duration ttl) {
+                                        std::string_view key, Token token, std::string_view payload,
+                                        Duration ttl) {
   check_caller(conn.sqlite(), impl_->path, true);
   CallerStatements c(conn.sqlite(), impl_->describe);
   c.complete = c.conn.prepare(kSqlComplete, "complete in the caller's transaction");
@@ -909,8 +520,9 @@ void SqliteStore::do_begin(const SqlConnection& conn) {
   check_caller(conn.sqlite(), impl_->path, false);
   const Connection c(conn.sqlite(), impl_->describe);
   if (c.in_transaction()) {
-    throw InvalidArgument("connection", "is inside a transaction already; run_in_transaction "
-                                        "begins and commits its own");
+    throw InvalidArgument("connection",
+                          "is inside a transaction already; run_in_transaction "
+                          "begins and commits its own");
   }
   c.exec("BEGIN IMMEDIATE", "cannot begin the caller's transaction");
 }
@@ -931,57 +543,5 @@ void SqliteStore::do_rollback(const SqlConnection& conn) noexcept {
   if (sqlite3_get_autocommit(conn.sqlite()) != 0) return;
   (void)sqlite3_exec(conn.sqlite(), "ROLLBACK", nullptr, nullptr, nullptr);
 }
-
-namespace detail {
-
-std::shared_ptr<Store> open_sqlite_store(const Url& url, const OpenOptions& options) {
-  if (!url.host.empty() || !url.user.empty() || !url.password.empty() || url.port != 0) {
-    throw InvalidArgument("store URL", "'sqlite:' takes a file, not a host ('" + url.host +
-                                           "'); use sqlite:///absolute/path.db or "
-                                           "sqlite:relative/path.db");
-  }
-  if (url.path.empty()) {
-    throw InvalidArgument("store URL",
-                          "'sqlite:' needs a database file: sqlite:///absolute/path.db or "
-                          "sqlite:relative/path.db");
-  }
-  SqliteStoreOptions o{.path = url.path,
-                       .clock = options.clock,
-                       .read_only = options.read_only,
-                       .create_if_missing = options.create_if_missing};
-  for (const auto& [name, value] : url.query) {
-    if (name == "synchronous") {
-      o.synchronous = lowercase(value);
-      if (o.synchronous != "normal" && o.synchronous != "full") {
-        throw InvalidArgument("store URL",
-                              "parameter 'synchronous' must be 'normal' or "
-                              "'full', got '" +
-                                  value + "'");
-      }
-    } else if (name == "busy_timeout") {
-      int ms = -1;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), ms);
-      if (ec != std::errc{} || end != value.data() + value.size() || ms < 0) {
-        throw InvalidArgument("store URL",
-                              "parameter 'busy_timeout' must be a whole number "
-                              "of milliseconds, got '" +
-                                  value + "'");
-      }
-      o.busy_timeout = Duration{ms};
-    } else if (name == "shared") {
-      if (value != "0" && value != "1") {
-        throw InvalidArgument("store URL", "parameter 'shared' must be 0 or 1, got '" + value + "'");
-      }
-      o.shared = value == "1";
-    } else {
-      throw InvalidArgument("store URL", "unknown parameter '" + name +
-                                             "' for sqlite: (known: busy_timeout, shared, "
-                                             "synchronous)");
-    }
-  }
-  return std::make_shared<SqliteStore>(std::move(o));
-}
-
-}  // namespace detail
 
 }  // namespace idem

@@ -1,4 +1,4 @@
-// The PostgreSQL store's batcher (src/stores/postgres/pg_batcher.h) on its own: concurrent
+// The PostgreSQL store's batcher (src/stores/postgres/postgres_batcher.h) on its own: concurrent
 // callers share batches, never two requests for one record in a batch, a failed batch fails
 // every caller in it, and a caller still queued at its deadline gives up.
 
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "idem/error.h"
-#include "stores/postgres/pg_batcher.h"
+#include "stores/postgres/postgres_batcher.h"
 
 namespace idem::postgres {
 namespace {

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "stores/postgres/pg_connection.h"
-#include "stores/postgres/pg_server.h"
-#include "stores/postgres/postgres_sql.h"
+#include "stores/postgres/postgres_connection.h"
+#include "stores/postgres/postgres_server.h"
+#include "stores/postgres/postgres_schema.h"
 
 namespace idem::postgres {
 namespace {

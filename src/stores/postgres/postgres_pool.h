@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "stores/postgres/pg_connection.h"
+#include "stores/postgres/postgres_connection.h"
 
 namespace idem::postgres {
 

@@ -1,4 +1,4 @@
-#include "stores/sqlite/sqlite_db.h"
+#include "stores/sqlite/sqlite_connection.h"
 
 #include <algorithm>
 #include <cctype>

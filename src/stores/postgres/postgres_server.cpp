@@ -1,4 +1,4 @@
-#include "stores/postgres/pg_server.h"
+#include "stores/postgres/postgres_server.h"
 
 namespace idem::postgres {
 namespace {

@@ -94,7 +94,7 @@ struct Sql {
   // 1-based position in the arrays, the new deadline and now. Commits with
   // synchronous_commit = off.
   std::string extend_many;
-  // Batches of concurrent callers (pg_batcher.h), arrays in the order of the requests:
+  // Batches of concurrent callers (postgres_batcher.h), arrays in the order of the requests:
   //  select_many   $1 scopes, $2 keys: the select_record columns and the request's position
   //                for each record found.
   //  acquire_many  $1 scopes, $2 keys, $3 leases, $4 ttls, $5 fingerprints (NULL elements:
@@ -130,5 +130,15 @@ std::string session_settings(Duration timeout, bool asynchronous_commit, bool re
 // For a connection through a transaction pooler: one SELECT of set_config(..., true) calls,
 // sent before each statement in the same transaction, so the settings end with it.
 std::string transaction_settings(Duration timeout, bool asynchronous_commit);
+
+// The longest table or schema name the store takes.
+inline constexpr std::size_t kMaxNameLength = 48;
+
+// The table option, "name" or "schema.name" (the schema empty when not given), checked to be
+// 1 to kMaxNameLength lowercase letters, digits or '_' each, not starting with a digit.
+TableNames parse_table(const std::string& table);
+
+// Whether `s` is such a name.
+bool valid_identifier(std::string_view s);
 
 }  // namespace idem::postgres

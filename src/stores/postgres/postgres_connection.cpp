@@ -1,4 +1,4 @@
-#include "stores/postgres/pg_connection.h"
+#include "stores/postgres/postgres_connection.h"
 
 #include <arpa/inet.h>
 #include <poll.h>

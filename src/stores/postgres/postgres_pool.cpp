@@ -1,4 +1,4 @@
-#include "stores/postgres/pg_pool.h"
+#include "stores/postgres/postgres_pool.h"
 
 #include <new>
 #include <utility>

@@ -1,8 +1,11 @@
-#include "stores/postgres/postgres_sql.h"
+#include "stores/postgres/postgres_schema.h"
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "idem/error.h"
 
 namespace idem::postgres {
 namespace {
@@ -20,7 +23,7 @@ std::string fill(std::string text,
   return text;
 }
 
-// The server's clock, once per statement, in whole milliseconds (see postgres_sql.h).
+// The server's clock, once per statement, in whole milliseconds (see postgres_schema.h).
 constexpr const char* kNow = "date_trunc('milliseconds', statement_timestamp())";
 // A duration parameter in milliseconds as an interval.
 constexpr const char* kMs = "* interval '1 millisecond'";
@@ -257,6 +260,31 @@ std::string transaction_settings(Duration timeout, bool asynchronous_commit) {
            "', true)";
   }
   return out;
+}
+
+bool valid_identifier(std::string_view s) {
+  if (s.empty() || s.size() > kMaxNameLength) return false;
+  if (s.front() >= '0' && s.front() <= '9') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+TableNames parse_table(const std::string& table) {
+  TableNames n;
+  const std::size_t dot = table.find('.');
+  n.name = dot == std::string::npos ? table : table.substr(dot + 1);
+  if (dot != std::string::npos) n.schema = table.substr(0, dot);
+  const bool ok =
+      valid_identifier(n.name) && (dot == std::string::npos || valid_identifier(n.schema));
+  if (!ok) {
+    throw InvalidArgument("table", "must be 'name' or 'schema.name', each 1 to " +
+                                       std::to_string(kMaxNameLength) +
+                                       " lowercase letters, digits or '_' (not starting with a "
+                                       "digit), got '" +
+                                       table + "'");
+  }
+  return n;
 }
 
 }  // namespace idem::postgres

@@ -1,0 +1,125 @@
+#include "core/owner_table.h"
+
+namespace idem::detail {
+
+std::shared_ptr<InFlight> OwnerTable::find(const IdView& id, std::size_t hash,
+                                           const InFlight* self) const {
+  OwnerShard& s = shard(hash);
+  if (s.count.load(std::memory_order_acquire) == 0) return nullptr;
+  std::lock_guard lock(s.mu);
+  auto* found = s.find(id, hash);
+  if (found == nullptr || found->get() == self) return nullptr;
+  (*found)->waiters.fetch_add(1, std::memory_order_relaxed);
+  return *found;
+}
+
+bool OwnerTable::add_poller(const std::shared_ptr<InFlight>& poller) const {
+  OwnerShard& s = shard(poller->hash);
+  std::lock_guard lock(s.mu);
+  if (s.find(poller->id(), poller->hash) != nullptr) return false;
+  s.owners.push_back(poller);
+  s.count.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+void OwnerTable::add_owner(const std::shared_ptr<InFlight>& owner) const {
+  OwnerShard& s = shard(owner->hash);
+  // The entry replaced is dropped after the lock.
+  std::shared_ptr<InFlight> replaced = owner;
+  std::lock_guard lock(s.mu);
+  if (auto* found = s.find(owner->id(), owner->hash)) {
+    found->swap(replaced);
+  } else {
+    s.owners.push_back(std::move(replaced));
+    s.count.fetch_add(1, std::memory_order_release);
+  }
+}
+
+void OwnerTable::finish(InFlight& owner, OwnerState state,
+                        const std::string* payload) const noexcept {
+  // The table's reference is dropped after the lock; the caller holds its own.
+  std::shared_ptr<InFlight> unlisted;
+  {
+    OwnerShard& s = shard(owner.hash);
+    std::lock_guard lock(s.mu);
+    auto& owners = s.owners;
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      if (owners[i].get() != &owner) continue;
+      unlisted = std::move(owners[i]);
+      if (i + 1 != owners.size()) owners[i] = std::move(owners.back());
+      owners.pop_back();
+      s.count.fetch_sub(1, std::memory_order_release);
+      break;
+    }
+  }
+  // Nobody can find the owner any more; every duplicate that did is counted.
+  if (owner.waiters.load(std::memory_order_relaxed) == 0) return;
+  {
+    std::lock_guard lock(owner.mu);
+    owner.state = state;
+    if (payload) {
+      owner.payload = *payload;
+      owner.has_payload = true;
+    }
+  }
+  owner.cv.notify_all();
+}
+
+std::size_t OwnerTable::listed() const noexcept {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < kOwnerShards; ++i) {
+    n += shards_[i].count.load(std::memory_order_acquire);
+  }
+  return n;
+}
+
+std::vector<std::shared_ptr<InFlight>> OwnerTable::snapshot() const {
+  std::vector<std::shared_ptr<InFlight>> all;
+  for (std::size_t i = 0; i < kOwnerShards; ++i) {
+    OwnerShard& s = shards_[i];
+    if (s.count.load(std::memory_order_acquire) == 0) continue;
+    std::lock_guard lock(s.mu);
+    all.insert(all.end(), s.owners.begin(), s.owners.end());
+  }
+  return all;
+}
+
+namespace {
+
+// Wakes a duplicate waiting on an owner in memory when its call is cancelled.
+struct WakeFollower {
+  InFlight* owner;
+  void operator()() const noexcept {
+    { std::lock_guard lock(owner->mu); }
+    owner->cv.notify_all();
+  }
+};
+
+}  // namespace
+
+Followed follow_owner(InFlight& owner, SteadyClock::time_point wait_deadline,
+                      const std::stop_token& stop, const std::atomic<bool>& closing,
+                      std::atomic<std::size_t>& waiting, std::string& payload) {
+  struct Leave {
+    InFlight& owner;
+    ~Leave() { owner.waiters.fetch_sub(1, std::memory_order_relaxed); }
+  } leave{owner};
+  // Registered before the lock: it runs at once if the call is cancelled already.
+  std::optional<std::stop_callback<WakeFollower>> wake;
+  if (stop.stop_possible()) wake.emplace(stop, WakeFollower{&owner});
+  std::unique_lock lock(owner.mu);
+  for (;;) {
+    if (owner.state == OwnerState::kCompleted && owner.has_payload) {
+      payload = owner.payload;
+      return Followed::kCompleted;
+    }
+    if (owner.state != OwnerState::kRunning) return Followed::kGone;
+    if (closing.load(std::memory_order_acquire)) return Followed::kShutDown;
+    if (SteadyClock::now() >= wait_deadline || stop.stop_requested()) return Followed::kWaitOver;
+    waiting.fetch_add(1, std::memory_order_relaxed);
+    owner.cv.wait_until(lock, wait_deadline);
+    waiting.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace idem::detail

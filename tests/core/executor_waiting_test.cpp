@@ -1,0 +1,489 @@
+// The executor's duplicates: fingerprints, failing fast, waiting on another process and
+// on this one in memory (SPEC §7), and what the caller gets back.
+
+#include "executor_test.h"
+
+namespace {
+
+using namespace executor_test;
+
+// --- fingerprints -----------------------------------------------------------------------
+
+TEST_P(ExecutorFormTest, DifferentFingerprintOnReplayIsKeyReuse) {
+  Executor exec(store_);
+  (void)call(
+      exec, "s", "k", [](const Attempt&) { return std::string("v"); },
+      CallOptions{.fingerprint = "A"});
+  try {
+    (void)call(
+        exec, "s", "k", [](const Attempt&) { return std::string("w"); },
+        CallOptions{.fingerprint = "B"});
+    FAIL() << "run did not throw";
+  } catch (const idem::KeyReuse& e) {
+    EXPECT_EQ(e.stored_fingerprint(), "A");
+    EXPECT_EQ(e.request_fingerprint(), "B");
+  }
+  auto same = call(
+      exec, "s", "k", [](const Attempt&) { return std::string("w"); },
+      CallOptions{.fingerprint = "A"});
+  EXPECT_TRUE(same.replayed);
+  // Only one side carrying a fingerprint is no evidence of reuse.
+  auto none = call(exec, "s", "k", [](const Attempt&) { return std::string("w"); });
+  EXPECT_TRUE(none.replayed);
+}
+
+TEST_P(ExecutorFormTest, DifferentFingerprintOnBusyIsKeyReuseNotAWait) {
+  ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h, "A"), IsAcquired());
+  Executor exec(store_);
+  EXPECT_THAT(
+      [&] {
+        (void)call(
+            exec, "s", "k", [](const Attempt&) { return std::string(); },
+            CallOptions{.wait = WaitPolicy{.max_wait = 1h}, .fingerprint = "B"});
+      },
+      ThrowsIdem(ErrorCode::kKeyReuse));
+  EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
+}
+
+TEST_P(ExecutorFormTest, DifferentFingerprintFromAnInProcessOwnerIsKeyReuse) {
+  Executor exec(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k",
+        [&](const Attempt&) {
+          started.open();
+          finish.wait();
+          return std::string("v");
+        },
+        CallOptions{.fingerprint = "A"});
+  });
+  ASSERT_TRUE(started.wait());
+  const auto calls_before = store_->total_calls();
+  EXPECT_THAT(
+      [&] {
+        (void)call(
+            exec, "s", "k", [](const Attempt&) { return std::string(); },
+            CallOptions{.wait = WaitPolicy{.max_wait = 1h}, .fingerprint = "B"});
+      },
+      ThrowsIdem(ErrorCode::kKeyReuse));
+  EXPECT_EQ(store_->total_calls(), calls_before);
+  finish.open();
+  EXPECT_EQ(owner.get().value, "v");
+}
+
+// --- fail fast --------------------------------------------------------------------------
+
+TEST_P(ExecutorFormTest, FailFastInProgressCarriesTheOwnersDeadline) {
+  auto owner = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(owner, IsAcquired());
+  const auto deadline = std::get<idem::Acquired>(owner).lease.lease_expires_at;
+  Executor exec(store_);
+  bool ran = false;
+  try {
+    (void)call(exec, "s", "k", [&](const Attempt&) {
+      ran = true;
+      return std::string();
+    });
+    FAIL() << "run did not throw";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), deadline);
+    EXPECT_EQ(e.lease_remaining(), 60s);  // the fake clock did not move
+  }
+  EXPECT_FALSE(ran);
+}
+
+TEST_P(ExecutorFormTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
+  Executor exec(store_, ExecutorOptions{.lease = 60s});
+  Gate started, finish;
+  idem::Timestamp deadline{};
+  auto owner = std::async(std::launch::async, [&] {
+    return call(exec, "s", "k", [&](const Attempt&) {
+      deadline = memory_->get("s", "k")->lease_expires_at;
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  const auto calls_before = store_->total_calls();
+  try {
+    (void)call(exec, "s", "k", [](const Attempt&) { return std::string(); });
+    ADD_FAILURE() << "run did not throw";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), deadline);
+    EXPECT_GT(e.lease_remaining(), 0ms);
+    EXPECT_LE(e.lease_remaining(), 60s);
+  }
+  EXPECT_EQ(store_->total_calls(), calls_before);
+  finish.open();
+  EXPECT_EQ(owner.get().value, "v");
+}
+
+// --- waiting on another process ---------------------------------------------------------
+
+// Two executors on one store stand for two processes: neither sees the other in memory.
+TEST_P(ExecutorFormTest, WaiterEndsWithAReplayWhenTheOwnerCompletes) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return call(process_a, "s", "k", [&](const Attempt&) {
+      started.open();
+      finish.wait();
+      return std::string("from a");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto waiter = std::async(std::launch::async, [&] {
+    return call(
+        process_b, "s", "k", [](const Attempt&) { return std::string("from b"); },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
+  });
+  // The waiter is polling the store (the owner made the first acquire).
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 3));
+  finish.open();
+  auto r = waiter.get();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, "from a");
+  EXPECT_FALSE(owner.get().replayed);
+}
+
+TEST_P(ExecutorFormTest, WaiterAcquiresForItselfWhenTheOwnerReleases) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    (void)call(process_a, "s", "k", [&](const Attempt&) -> std::string {
+      started.open();
+      finish.wait();
+      throw PaymentDeclined(1);
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto waiter = std::async(std::launch::async, [&] {
+    return call(
+        process_b, "s", "k",
+        [](const Attempt& a) {
+          // SPEC §4: after a release the key looks never used.
+          EXPECT_EQ(a.number(), 1u);
+          EXPECT_FALSE(a.stolen());
+          return std::string("from b");
+        },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
+  });
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 3));
+  finish.open();
+  EXPECT_THROW(owner.get(), PaymentDeclined);
+  auto r = waiter.get();
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "from b");
+}
+
+TEST_P(ExecutorFormTest, WaiterStealsWhenTheOwnersLeaseExpires) {
+  // A process that died holding the lease: nobody extends it.
+  auto dead = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(dead, IsAcquired());
+  Executor exec(store_);
+  auto waiter = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k",
+        [](const Attempt& a) {
+          EXPECT_TRUE(a.stolen());
+          EXPECT_EQ(a.number(), 2u);
+          return std::string("taken over");
+        },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h, .max_backoff = 20ms}});
+  });
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 2));
+  clock_->advance(60s);
+  auto r = waiter.get();
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "taken over");
+  EXPECT_EQ(memory_->get("s", "k")->payload, "taken over");
+}
+
+TEST_P(ExecutorFormTest, WaiterGivesUpWithInProgressWhenItsBoundRunsOut) {
+  auto owner = memory_->acquire("s", "k", 60s, 1h);
+  ASSERT_THAT(owner, IsAcquired());
+  Executor exec(store_);
+  try {
+    (void)call(
+        exec, "s", "k", [](const Attempt&) { return std::string(); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 50ms, .initial_backoff = 5ms, .max_backoff = 10ms}});
+    FAIL() << "run did not throw";
+  } catch (const idem::InProgress& e) {
+    EXPECT_EQ(e.lease_expires_at(), std::get<idem::Acquired>(owner).lease.lease_expires_at);
+  }
+  EXPECT_GE(store_->calls(Op::kAcquire), 2u);
+  EXPECT_EQ(exec.active_leases(), 0u);
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+}
+
+TEST_P(ExecutorRealTimeFormTest, WaiterNeverSleepsPastTheOwnersLeaseDeadline) {
+  // The owner's lease ends in 100 ms and nobody extends it. The waiter's backoff is an
+  // hour: only by honouring the owner's deadline can it steal the key soon.
+  ASSERT_THAT(memory_->acquire("s", "k", 100ms, 1h), IsAcquired());
+  Executor exec(store_);
+  auto waiter = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k", [](const Attempt& a) { return std::to_string(a.number()); },
+        CallOptions{.wait = WaitPolicy{.max_wait = 2h, .initial_backoff = 1h, .max_backoff = 1h}});
+  });
+  ASSERT_EQ(waiter.wait_for(kEventually), std::future_status::ready);
+  EXPECT_EQ(waiter.get().value, "2");
+}
+
+// --- waiting on this process, in memory -------------------------------------------------
+
+TEST_P(ExecutorFormTest, InProcessDuplicateWaitsInMemoryAndGetsTheResult) {
+  Executor exec(store_);
+  Gate started, finish;
+  int runs = 0;
+  auto owner = std::async(std::launch::async, [&] {
+    return call(exec, "s", "k", [&](const Attempt&) {
+      ++runs;
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  ASSERT_EQ(store_->calls(Op::kAcquire), 1u);
+  auto duplicate = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k", [&](const Attempt&) { return std::string("dup"); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 1h, .initial_backoff = 1ms, .max_backoff = 1ms}});
+  });
+  ASSERT_TRUE(eventually([&] { return exec.waiting_duplicates() == 1; }));
+  // With a 1 ms backoff a polling waiter would have called acquire many times by now.
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
+  finish.open();
+  auto r = duplicate.get();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, "v");
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(store_->calls(Op::kAcquire), 1u);
+  EXPECT_FALSE(owner.get().replayed);
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+}
+
+TEST_P(ExecutorFormTest, InProcessDuplicateAcquiresWhenTheOwnerThrows) {
+  Executor exec(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    (void)call(exec, "s", "k", [&](const Attempt&) -> std::string {
+      started.open();
+      finish.wait();
+      throw PaymentDeclined(2);
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto duplicate = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k",
+        [&](const Attempt& a) {
+          EXPECT_EQ(a.number(), 1u);
+          EXPECT_FALSE(a.stolen());
+          return std::string("retried");
+        },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h}});
+  });
+  ASSERT_TRUE(eventually([&] { return exec.waiting_duplicates() == 1; }));
+  finish.open();
+  EXPECT_THROW(owner.get(), PaymentDeclined);
+  auto r = duplicate.get();
+  EXPECT_FALSE(r.replayed);
+  EXPECT_EQ(r.value, "retried");
+}
+
+TEST_P(ExecutorFormTest, InProcessDuplicateGivesUpWhenItsBoundRunsOut) {
+  Executor exec(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return call(exec, "s", "k", [&](const Attempt&) {
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  EXPECT_THAT(
+      [&] {
+        (void)call(
+            exec, "s", "k", [](const Attempt&) { return std::string(); },
+            CallOptions{.wait = WaitPolicy{.max_wait = 20ms}});
+      },
+      ThrowsIdem(ErrorCode::kInProgress));
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+  finish.open();
+  EXPECT_EQ(owner.get().value, "v");
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+TEST_P(ExecutorFormTest, InProcessDuplicatesOfAnotherProcessesOwnerLeaveOnePollerToPoll) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  Gate started, finish;
+  auto owner = std::async(std::launch::async, [&] {
+    return call(process_a, "s", "k", [&](const Attempt&) {
+      started.open();
+      finish.wait();
+      return std::string("from a");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  bool b_ran = false;
+  std::vector<std::future<Executor::BytesResult>> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.push_back(std::async(std::launch::async, [&] {
+      return call(
+          process_b, "s", "k",
+          [&](const Attempt&) {
+            b_ran = true;
+            return std::string("from b");
+          },
+          CallOptions{.wait =
+                          WaitPolicy{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms}});
+    }));
+  }
+  // SPEC §7: one of them polls the store; the other three wait on it in memory.
+  const bool three_in_memory = eventually([&] { return process_b.waiting_duplicates() == 3; });
+  finish.open();
+  for (auto& w : waiters) {
+    auto r = w.get();
+    EXPECT_TRUE(r.replayed);
+    EXPECT_EQ(r.value, "from a");
+  }
+  EXPECT_TRUE(three_in_memory);
+  EXPECT_FALSE(b_ran);
+  EXPECT_EQ(owner.get().value, "from a");
+  EXPECT_EQ(process_b.waiting_duplicates(), 0u);
+}
+
+TEST_P(ExecutorFormTest, PollerThatGivesUpHandsPollingToTheNextWaiter) {
+  ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h), IsAcquired());
+  Executor exec(store_);
+  auto short_wait = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k", [](const Attempt&) { return std::string(); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 200ms, .initial_backoff = 5ms, .max_backoff = 5ms}});
+  });
+  // Its second poll comes after it listed itself as the key's poller and slept once (its
+  // 200 ms bound allows no more on a loaded machine).
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, 2));
+  auto long_wait = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k", [](const Attempt& a) { return std::to_string(a.number()); },
+        CallOptions{.wait =
+                        WaitPolicy{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms}});
+  });
+  EXPECT_THAT([&] { (void)short_wait.get(); }, ThrowsIdem(ErrorCode::kInProgress));
+  // The long waiter polls for itself now; once the dead owner's lease runs out, it steals.
+  const auto calls = store_->calls(Op::kAcquire);
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, calls + 2));
+  clock_->advance(60s);
+  EXPECT_EQ(long_wait.get().value, "2");
+}
+
+TEST_P(ExecutorFormTest, ConcurrentDuplicatesRunTheActionOnce) {
+  Executor exec(store_);
+  std::atomic<int> runs{0};
+  std::vector<std::future<Executor::BytesResult>> calls;
+  for (int i = 0; i < 8; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] {
+      return call(
+          exec, "s", "k",
+          [&](const Attempt&) {
+            ++runs;
+            std::this_thread::sleep_for(20ms);
+            return std::string("once");
+          },
+          CallOptions{.wait =
+                          WaitPolicy{.max_wait = 1h, .initial_backoff = 1ms, .max_backoff = 5ms}});
+    }));
+  }
+  int fresh = 0;
+  for (auto& c : calls) {
+    auto r = c.get();
+    EXPECT_EQ(r.value, "once");
+    fresh += r.replayed ? 0 : 1;
+  }
+  EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(fresh, 1);
+}
+
+// --- what the caller gets back -----------------------------------------------------------
+
+TEST_P(ExecutorFormTest, AResultSaysWhereItCameFrom) {
+  Executor exec(store_);
+  clock_->set(idem::Timestamp{std::chrono::hours(24 * 365 * 50)});
+  auto fresh = call(exec, "s", "k", [](const Attempt&) { return std::string("v"); });
+  const auto record = memory_->get("s", "k");
+  EXPECT_FALSE(fresh.replayed);
+  EXPECT_EQ(fresh.token, record->token);
+  EXPECT_EQ(fresh.attempt, 1u);
+  EXPECT_FALSE(fresh.stolen);
+  EXPECT_FALSE(fresh.completed_at.has_value());  // the store does not report it
+  clock_->advance(5s);
+  auto replay = call(exec, "s", "k", [](const Attempt&) { return std::string(); });
+  EXPECT_TRUE(replay.replayed);
+  EXPECT_EQ(replay.completed_at, record->completed_at);
+  EXPECT_EQ(replay.expires_at, record->expires_at);
+  EXPECT_FALSE(replay.token.has_value());  // nor the token with a replay
+}
+
+TEST_P(ExecutorFormTest, ADuplicateServedInMemoryKnowsTheLeaseThatProducedIt) {
+  Executor exec(store_);
+  Gate started, finish;
+  idem::Token token = 0;
+  auto owner = std::async(std::launch::async, [&] {
+    return call(exec, "s", "k", [&](const Attempt& a) {
+      token = a.token();
+      started.open();
+      finish.wait();
+      return std::string("v");
+    });
+  });
+  ASSERT_TRUE(started.wait());
+  auto duplicate = std::async(std::launch::async, [&] {
+    return call(
+        exec, "s", "k", [](const Attempt&) { return std::string(); },
+        CallOptions{.wait = WaitPolicy{.max_wait = 1h}});
+  });
+  ASSERT_TRUE(eventually([&] { return exec.waiting_duplicates() == 1; }));
+  finish.open();
+  const auto r = duplicate.get();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.token, token);
+  EXPECT_EQ(r.attempt, 1u);
+  (void)owner.get();
+}
+
+TEST_P(ExecutorFormTest, APerCallLeaseShorterThanTheExecutorsHeartbeatAdapts) {
+  // The executor extends every 10 s; a call with a 300 ms lease gets lease / 3 instead of
+  // an error about a heartbeat option it never set.
+  Executor exec(store_, ExecutorOptions{.lease = 30s, .heartbeat = 10s});
+  auto r = call(
+      exec, "s", "k",
+      [&](const Attempt&) {
+        EXPECT_TRUE(store_->wait_for_calls(Op::kExtend, 2));
+        return std::string("v");
+      },
+      CallOptions{.lease = 300ms});
+  EXPECT_EQ(r.value, "v");
+  // A heartbeat the call does set must still be shorter than its lease.
+  EXPECT_THAT(
+      [&] {
+        (void)call(
+            exec, "s", "k2", [](const Attempt&) { return std::string(); },
+            CallOptions{.lease = 300ms, .heartbeat = 300ms});
+      },
+      ThrowsIdem(ErrorCode::kInvalidArgument));
+}
+
+}  // namespace
