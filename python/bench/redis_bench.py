@@ -71,7 +71,7 @@ class ByHand:
         # The acquire script also keeps the store's token key (docs/stores/redis.md, "Tokens").
         reply = self.acquire_script(
             keys=[k, b"idem:tokens"],
-            args=[LEASE_MS, TTL_MS, self.NO_FINGERPRINT, max(LEASE_MS, TTL_MS)],
+            args=[LEASE_MS, TTL_MS, self.NO_FINGERPRINT],
         )
         if isinstance(reply, list):
             raise RuntimeError("busy")

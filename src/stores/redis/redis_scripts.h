@@ -13,8 +13,9 @@
 //    token is never issued twice for a key whatever the server's clock does.
 //  - A key expires 1 ms before the instant SPEC §4 allows its record to be dropped, because
 //    Redis keeps a key while now <= its expiry time: a COMPLETE record exactly at
-//    expires_at - 1 (PXAT); an IN_PROGRESS one at max(expires_at, lease_expires_at) - 1 or
-//    up to 1 ms later (PX from the script's start, or KEEPTTL), never earlier.
+//    expires_at - 1 (PXAT); an IN_PROGRESS one exactly at max(expires_at,
+//    lease_expires_at) - 1 (PXAT), or later (KEEPTTL), never earlier. PX would count from
+//    the server's clock when SET runs, which may be milliseconds past the script's TIME.
 //  - A value that is not a record (an unknown kind, too short for its kind, another Redis
 //    type) is answered with an error naming it, never read as one.
 //  - Every read comes before the first write, and a script writes either everything or
@@ -32,16 +33,13 @@ struct ScriptSource {
   const char* body;
 };
 
-// KEYS: the record, the token key. ARGV: lease ms, ttl ms, fingerprint section,
-// max(lease, ttl) ms. Replies: a COMPLETE value (Replay); {now, value} (Busy); the new
+// KEYS: the record, the token key. ARGV: lease ms, ttl ms, fingerprint section. Replies: a COMPLETE value (Replay); {now, value} (Busy); the new
 // IN_PROGRESS record's header and fingerprint (Acquired; its attempt > 1 means stolen).
 //
 // The token key is read and written with one SET ... GET: the common case (the clock moved
 // on since the last token) costs one command. Only when the clock is behind the largest
 // token issued (it stepped back) is the token raised above it and written again. A new
-// lease's key expires ARGV[4] ms after the script started: never before max(expires_at,
-// lease_expires_at) - 1, at most 1 ms after (harmless for IN_PROGRESS), and a string from
-// the client costs less than a number formatted in Lua.
+// lease's key expires exactly at max(expires_at, lease_expires_at) - 1.
 inline constexpr ScriptSource kAcquireScript{"acquire", R"lua(
 local v = redis.call('GET', KEYS[1])
 local t = redis.call('TIME')
@@ -81,7 +79,7 @@ if top then
 end
 local lease, exp = now + ARGV[1], now + ARGV[2]
 local h = struct.pack('>BI8I8I8I8I4', 80, tok, now, lease, exp, att) .. ARGV[3]
-redis.call('SET', KEYS[1], h, 'PX', ARGV[4])
+redis.call('SET', KEYS[1], h, 'PXAT', math.max(lease, exp) - 1)
 return h
 )lua"};
 
@@ -144,7 +142,7 @@ return 1
 
 // ARGV: token, lease ms. Replies the new lease deadline (ms), or 0 (fenced). The key's
 // expiry only moves out: kept when the TTL already outlasts the new lease (the usual
-// heartbeat), else lease ms from the script's start.
+// heartbeat), else set to the new lease deadline - 1.
 inline constexpr ScriptSource kExtendScript{"extend", R"lua(
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -162,7 +160,7 @@ local nv = string.sub(v, 1, 17) .. struct.pack('>I8', lease) .. string.sub(v, 26
 if lease <= exp then
   redis.call('SET', KEYS[1], nv, 'KEEPTTL')
 else
-  redis.call('SET', KEYS[1], nv, 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], nv, 'PXAT', lease - 1)
 end
 return lease
 )lua"};

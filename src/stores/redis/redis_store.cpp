@@ -772,8 +772,7 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
       1,
       [&](std::string& o, std::size_t, bool by_body) {
         m.append_script(o, redis::kAcquire, by_body, k, std::int64_t{lease.count()},
-                        std::int64_t{ttl.count()}, std::string_view(fp),
-                        std::int64_t{std::max(lease, ttl).count()});
+                        std::int64_t{ttl.count()}, std::string_view(fp));
       },
       [&](std::size_t) { return k; }, /*wait_replicas=*/true);
   const redisReply& r = *out.replies.front();
