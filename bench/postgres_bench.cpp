@@ -220,10 +220,10 @@ void set_up_table() {
   Raw raw(true);
   // Completed records, so both sides read and grow a populated table and index.
   raw.exec("INSERT INTO " + g_table +
-           " SELECT 'bench'::bytea, convert_to('populated-' || i, 'UTF8'), 1, nextval('" +
-           g_table + "_token_seq'), 1, NULL, NULL, statement_timestamp(), statement_timestamp() "
-           "+ interval '1 day', statement_timestamp() + interval '1 day', NULL, '" + kPayload +
-           "'::bytea FROM generate_series(0, " + std::to_string(kPopulated - 1) + ") i");
+           " SELECT 'bench'::bytea, convert_to('populated-' || i, 'UTF8'), 1, nextval('" + g_table +
+           "_token_seq'), 1, NULL, NULL, statement_timestamp(), statement_timestamp() "
+           "+ interval '1 day', statement_timestamp() + interval '1 day', NULL, '" +
+           kPayload + "'::bytea FROM generate_series(0, " + std::to_string(kPopulated - 1) + ") i");
   raw.exec("ANALYZE " + g_table);
 }
 
@@ -341,8 +341,8 @@ void BM_TakingTurns(benchmark::State& state) {
   }
   state.counters["raw_per_s"] = static_cast<double>(raw_ops) / raw_s;
   state.counters["store_per_s"] = static_cast<double>(store_ops) / store_s;
-  state.counters["ratio"] = (static_cast<double>(store_ops) / store_s) /
-                            (static_cast<double>(raw_ops) / raw_s);
+  state.counters["ratio"] =
+      (static_cast<double>(store_ops) / store_s) / (static_cast<double>(raw_ops) / raw_s);
 }
 
 BENCHMARK(BM_TakingTurns)
@@ -416,7 +416,8 @@ void BM_Heartbeat(benchmark::State& state) {
     const long commits0 = xact_commit(raw);
     const auto t0 = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::chrono::seconds(seconds));
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const long commits = xact_commit(raw) - commits0 - 2;  // less this connection's own two
     int lost = 0;
     for (const auto& l : held) {
@@ -439,7 +440,8 @@ int main(int argc, char** argv) {
   g_url = env("IDEM_BENCH_POSTGRES_URL", env("IDEM_TEST_POSTGRES_URL").c_str());
   if (g_url.empty()) {
     const bool required = env("IDEM_REQUIRE_SERVERS") == "1";
-    std::fprintf(stderr, "postgres_bench: set IDEM_BENCH_POSTGRES_URL or IDEM_TEST_POSTGRES_URL%s\n",
+    std::fprintf(stderr,
+                 "postgres_bench: set IDEM_BENCH_POSTGRES_URL or IDEM_TEST_POSTGRES_URL%s\n",
                  required ? " (IDEM_REQUIRE_SERVERS=1)" : "; skipped");
     return required ? 1 : 0;
   }

@@ -199,8 +199,7 @@ class Keys {
   Keys(const std::string& name, int thread)
       : prefix_(g_prefix + name + ":t" + std::to_string(thread) + ":" +
                 std::to_string(runs_.fetch_add(1)) + ":") {}
-  Keys(const std::string& name, const benchmark::State& state)
-      : Keys(name, state.thread_index()) {}
+  Keys(const std::string& name, const benchmark::State& state) : Keys(name, state.thread_index()) {}
   std::string next() { return prefix_ + std::to_string(n_++); }
 
  private:
@@ -537,13 +536,15 @@ int main(int argc, char** argv) {
   if (url == nullptr || *url == '\0') {
     const char* required = std::getenv("IDEM_REQUIRE_SERVERS");
     if (required != nullptr && std::string(required) == "1") {
-      std::fprintf(stderr, "redis_bench: IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_REDIS_URL is not set\n");
+      std::fprintf(stderr,
+                   "redis_bench: IDEM_REQUIRE_SERVERS=1 but IDEM_TEST_REDIS_URL is not set\n");
       return 1;
     }
     std::fprintf(stderr, "redis_bench: IDEM_TEST_REDIS_URL is not set; skipped\n");
     return 77;
   }
-  if (const char* n = std::getenv("IDEM_BENCH_REPLAY_KEYS")) g_replay_keys = std::max(1, std::atoi(n));
+  if (const char* n = std::getenv("IDEM_BENCH_REPLAY_KEYS"))
+    g_replay_keys = std::max(1, std::atoi(n));
   const idem::Url parsed = idem::parse_url(url);
   g_host = parsed.host.empty() ? "127.0.0.1" : parsed.host;
   g_port = parsed.port != 0 ? parsed.port : 6379;

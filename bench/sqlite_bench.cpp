@@ -269,8 +269,8 @@ void BM_ExecutorReplay(benchmark::State& state) {
   idem::Executor exec = make_executor();
   int i = 0;
   for (auto _ : state) {
-    auto r = exec.run(kScope, replayed_key(i++),
-                      [](const idem::Attempt&) -> std::string { abort(); });
+    auto r =
+        exec.run(kScope, replayed_key(i++), [](const idem::Attempt&) -> std::string { abort(); });
     if (!r.replayed) abort();
     benchmark::DoNotOptimize(r);
   }

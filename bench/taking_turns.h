@@ -40,7 +40,8 @@ std::pair<long, double> slice(int threads, const Op& op) {
   std::this_thread::sleep_for(250ms);
   stop = true;
   for (auto& w : workers) w.join();
-  return {done.load(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+  return {done.load(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 }  // namespace idem::bench

@@ -51,10 +51,20 @@ void close_fd(int& fd) {
   sigemptyset(&sa.sa_mask);
   for (int sig = 1; sig < NSIG; ++sig) {
     switch (sig) {
-      case SIGKILL: case SIGSTOP: case SIGSEGV: case SIGBUS: case SIGFPE: case SIGILL:
-      case SIGABRT: case SIGSYS: case SIGTRAP:
+      case SIGKILL:
+      case SIGSTOP:
+      case SIGSEGV:
+      case SIGBUS:
+      case SIGFPE:
+      case SIGILL:
+      case SIGABRT:
+      case SIGSYS:
+      case SIGTRAP:
         continue;
-      case SIGCHLD: case SIGCONT: case SIGWINCH: case SIGURG:
+      case SIGCHLD:
+      case SIGCONT:
+      case SIGWINCH:
+      case SIGURG:
         sa.sa_handler = SIG_DFL;
         break;
       default:
@@ -297,7 +307,8 @@ std::string find_in_path(const std::string& file) {
   std::size_t start = 0;
   for (;;) {
     const std::size_t end = path.find(':', start);
-    std::string dir = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string dir =
+        path.substr(start, end == std::string::npos ? std::string::npos : end - start);
     if (dir.empty()) dir = ".";
     const std::string candidate = dir + "/" + file;
     struct stat st {};
@@ -341,8 +352,7 @@ pid_t spawn(const ChildOptions& options, pid_t pgid, int out_fd) {
       std::vector<std::string> sh_strings = {"/bin/sh", file};
       sh_strings.insert(sh_strings.end(), options.argv.begin() + 1, options.argv.end());
       std::vector<char*> sh_argv = c_strings(sh_strings);
-      rc = ::posix_spawn(&pid, "/bin/sh", &setup.actions, &setup.attr, sh_argv.data(),
-                         envp.data());
+      rc = ::posix_spawn(&pid, "/bin/sh", &setup.actions, &setup.attr, sh_argv.data(), envp.data());
     }
   }
   if (rc != 0) throw SpawnError(fmt::format("cannot run '{}'", printable(options.argv[0])), rc);

@@ -31,8 +31,8 @@ int forget(const ForgetArgs& args) {
                      "pass --create to create it");
   if (!store) {
     // The default store does not exist yet: it has no records, and stays uncreated.
-    print_error(kName, fmt::format("no record for {} in {} (the store does not exist yet)",
-                                   what, store_url(args.store)));
+    print_error(kName, fmt::format("no record for {} in {} (the store does not exist yet)", what,
+                                   store_url(args.store)));
     return kExitAbsent;
   }
   // The snapshot only serves the report; forget deletes whatever is there when it runs.

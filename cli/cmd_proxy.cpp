@@ -81,9 +81,9 @@ auto option_value(std::string_view option, F&& parse) {
 std::size_t size_option(std::string_view option, const std::string& text, std::size_t limit) {
   std::optional<std::size_t> size = parse_size(text);
   if (!size || *size == 0) {
-    throw UsageError(std::string(option),
-                     fmt::format("'{}' is not a byte count above 0 (e.g. 65536, 64KiB, 1MiB)",
-                                 printable(text)));
+    throw UsageError(
+        std::string(option),
+        fmt::format("'{}' is not a byte count above 0 (e.g. 65536, 64KiB, 1MiB)", printable(text)));
   }
   if (*size > limit) {
     throw UsageError(std::string(option), fmt::format("at most {} bytes", limit));
@@ -368,11 +368,11 @@ Command add_proxy_command(CLI::App& parent) {
   opt("--connect-timeout", a->connect_timeout, "Connecting to the upstream")->type_name("DURATION");
   opt("--upstream-idle", a->upstream_idle, "How long an idle upstream connection is kept")
       ->type_name("DURATION");
-  opt("--drain-timeout", a->drain_timeout,
-      "On SIGTERM, how long requests in flight get to finish")
+  opt("--drain-timeout", a->drain_timeout, "On SIGTERM, how long requests in flight get to finish")
       ->type_name("DURATION");
   app->add_option("--threads", a->threads, "I/O threads")->capture_default_str()->type_name("N");
-  app->add_option("--store-threads", a->store_threads, "Threads making store calls (0: the I/O threads make them)")
+  app->add_option("--store-threads", a->store_threads,
+                  "Threads making store calls (0: the I/O threads make them)")
       ->capture_default_str()
       ->type_name("N");
   app->add_option("--max-connections", a->max_connections, "Most client connections at once")

@@ -171,7 +171,8 @@ class RunStore final : public StoreWrapper {
 
   SignalRelay& signals_;
   const bool verbose_;
-  std::atomic<SteadyClock::rep> deadline_{SteadyClock::time_point::max().time_since_epoch().count()};
+  std::atomic<SteadyClock::rep> deadline_{
+      SteadyClock::time_point::max().time_since_epoch().count()};
   std::atomic<int> complete_failures_{0};
 };
 
@@ -229,8 +230,8 @@ int run_command(RunArgs& args) {
   }
 
   SignalRelay signals;
-  auto store = std::make_shared<RunStore>(open_cli_store(args.store, StoreAccess::kCreate),
-                                          signals, args.verbose);
+  auto store = std::make_shared<RunStore>(open_cli_store(args.store, StoreAccess::kCreate), signals,
+                                          args.verbose);
   auto heartbeat_errors = std::make_shared<HeartbeatErrors>();
   ExecutorOptions options;
   options.lease = lease;
@@ -261,8 +262,8 @@ int run_command(RunArgs& args) {
     // Signals have been held since the acquire was sent; one that came meanwhile ends the
     // run before the command starts (the executor releases the record).
     if (int sig = signals.first(); sig != 0) {
-      throw CommandFailed(128 + sig, fmt::format("interrupted by {} before the command started",
-                                                 signal_name(sig)));
+      throw CommandFailed(
+          128 + sig, fmt::format("interrupted by {} before the command started", signal_name(sig)));
     }
     if (args.verbose) {
       print_error(kName, fmt::format("running {} (token {}, attempt {}{})", describe_key(args),

@@ -1,10 +1,9 @@
 // The `idem` command-line tool (SPEC §12, docs/cli.md).
 
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -78,8 +77,8 @@ int main(int argc, char** argv) {
     if (name.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
       print_error("", fmt::format("a command is required ({}; see idem --help)", names));
     } else {
-      print_error(name, fmt::format("{} (see idem {}--help)", e.what(),
-                                    name.empty() ? "" : name + " "));
+      print_error(name,
+                  fmt::format("{} (see idem {}--help)", e.what(), name.empty() ? "" : name + " "));
     }
     return kExitUsage;
   }
@@ -89,7 +88,8 @@ int main(int argc, char** argv) {
     if (command.app->get_allow_extras()) extra = command.app->remaining();
     if (!extra.empty()) {
       std::string list;
-      for (const std::string& arg : extra) list += (list.empty() ? "'" : " '") + printable(arg) + "'";
+      for (const std::string& arg : extra)
+        list += (list.empty() ? "'" : " '") + printable(arg) + "'";
       print_error(name, fmt::format("unexpected argument{} {} (see idem {} --help)",
                                     extra.size() == 1 ? "" : "s", list, name));
       return kExitUsage;

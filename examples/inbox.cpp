@@ -42,7 +42,8 @@ class Db {
 class SqliteDb final : public Db {
  public:
   explicit SqliteDb(const std::string& path) {
-    if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK) throw std::runtime_error(sqlite3_errmsg(db_));
+    if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK)
+      throw std::runtime_error(sqlite3_errmsg(db_));
     sqlite3_busy_timeout(db_, 10000);
   }
   ~SqliteDb() override { sqlite3_close_v2(db_); }
@@ -150,25 +151,26 @@ int main(int argc, char** argv) {
     auto db = connect(where);
     db->query("DROP TABLE IF EXISTS queue");
     db->query("DROP TABLE IF EXISTS ledger");
-    db->query(sqlite ? "CREATE TABLE queue (id INTEGER PRIMARY KEY, message_id TEXT, amount INT)"
-                     : "CREATE TABLE queue (id bigserial PRIMARY KEY, message_id text, amount int)");
+    db->query(sqlite
+                  ? "CREATE TABLE queue (id INTEGER PRIMARY KEY, message_id TEXT, amount INT)"
+                  : "CREATE TABLE queue (id bigserial PRIMARY KEY, message_id text, amount int)");
     db->query("CREATE TABLE ledger (message_id TEXT, amount INT)");
     // 40 messages; every fifth is delivered twice.
     int expected_total = 0;
     int deliveries = 0;
     for (int m = 0; m < 40; ++m) {
       for (int copy = 0; copy < (m % 5 == 0 ? 2 : 1); ++copy) {
-        db->query("INSERT INTO queue (message_id, amount) VALUES ('m" + std::to_string(m) +
-                  "', " + std::to_string(m + 1) + ")");
+        db->query("INSERT INTO queue (message_id, amount) VALUES ('m" + std::to_string(m) + "', " +
+                  std::to_string(m + 1) + ")");
         ++deliveries;
       }
       expected_total += m + 1;
     }
     // idem's records live in the same database, so they commit with the ledger's rows.
-    const std::string store_url =
-        sqlite ? "sqlite://" + where.substr(7) + "?shared=1"
-               : where + (where.find('?') == std::string::npos ? "?" : "&") +
-                     "table=idem_inbox_example";
+    const std::string store_url = sqlite
+                                      ? "sqlite://" + where.substr(7) + "?shared=1"
+                                      : where + (where.find('?') == std::string::npos ? "?" : "&") +
+                                            "table=idem_inbox_example";
     idem::Executor exec(idem::open_store(store_url));
     (void)exec.store().forget("inbox:ledger", "m0");  // a clean slate on PostgreSQL reruns
     for (int m = 1; m < 40; ++m) (void)exec.store().forget("inbox:ledger", "m" + std::to_string(m));
@@ -193,10 +195,10 @@ int main(int argc, char** argv) {
     const int rows = std::stoi(db->query("SELECT count(*) FROM ledger"));
     const int distinct = std::stoi(db->query("SELECT count(DISTINCT message_id) FROM ledger"));
     const int total = std::stoi(db->query("SELECT coalesce(sum(amount), 0) FROM ledger"));
-    std::printf("%d deliveries of 40 messages, %d consumer(s): %d applied, %d redeliveries "
-                "skipped; ledger: %d rows, %d message ids, total %d (expected %d)\n",
-                deliveries, consumers, total_applied, total_skipped, rows, distinct, total,
-                expected_total);
+    std::printf(
+        "%d deliveries of 40 messages, %d consumer(s): %d applied, %d redeliveries "
+        "skipped; ledger: %d rows, %d message ids, total %d (expected %d)\n",
+        deliveries, consumers, total_applied, total_skipped, rows, distinct, total, expected_total);
     return rows == 40 && distinct == 40 && total == expected_total ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "inbox: %s\n", e.what());

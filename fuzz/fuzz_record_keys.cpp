@@ -73,8 +73,7 @@ std::string without_braces(std::string text) {
   return text;
 }
 
-void check_redis(const std::string& prefix, const Pair& a, const Pair& b,
-                 std::string_view raw) {
+void check_redis(const std::string& prefix, const Pair& a, const Pair& b, std::string_view raw) {
   namespace r = idem::redis;
   const std::string ka = r::record_key(prefix, a.scope, a.key);
   const std::string kb = r::record_key(prefix, b.scope, b.key);

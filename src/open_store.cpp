@@ -1,6 +1,8 @@
 // open_store(): the URL schemes of every store this build includes. The table is generated
 // by cmake/IdemStores.cmake, so adding a store never touches this file.
 
+#include "idem/open_store.h"
+
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,7 +15,6 @@
 #include <system_error>
 
 #include "idem/error.h"
-#include "idem/open_store.h"
 #include "idem_store_factories.h"
 
 namespace idem {
@@ -148,7 +149,7 @@ std::shared_ptr<Store> open_default_store(const OpenOptions& options) {
       const std::string dir = path.substr(0, slash);
       if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
         throw StoreUnavailable(sqlite_store_url(path), "cannot create " + dir + ": " +
-                                                     std::generic_category().message(errno));
+                                                           std::generic_category().message(errno));
       }
     }
   }

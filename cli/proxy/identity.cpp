@@ -34,7 +34,8 @@ class Sha256 {
   void add_field(std::string_view bytes) {
     std::array<char, 8> length{};
     auto n = static_cast<std::uint64_t>(bytes.size());
-    for (int i = 7; i >= 0; --i, n >>= 8) length[static_cast<std::size_t>(i)] = static_cast<char>(n & 0xff);
+    for (int i = 7; i >= 0; --i, n >>= 8)
+      length[static_cast<std::size_t>(i)] = static_cast<char>(n & 0xff);
     add(std::string_view(length.data(), length.size()));
     add(bytes);
   }
@@ -87,9 +88,7 @@ std::optional<std::string_view> cookie(const RequestHeader& request, std::string
   return found;
 }
 
-std::string_view path_of(std::string_view target) {
-  return target.substr(0, target.find('?'));
-}
+std::string_view path_of(std::string_view target) { return target.substr(0, target.find('?')); }
 
 // The credentials that identify the caller (docs/proxy.md, "Identity"), or "" for none.
 std::string credentials_of(const RequestHeader& request, const ProxyOptions& options) {

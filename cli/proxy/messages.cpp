@@ -17,11 +17,14 @@ namespace beast = boost::beast;
 
 namespace {
 
-constexpr std::array<http::field, 8> kHopByHop = {
-    http::field::connection,          http::field::keep_alive,
-    http::field::proxy_connection,    http::field::proxy_authenticate,
-    http::field::proxy_authorization, http::field::te,
-    http::field::trailer,             http::field::transfer_encoding};
+constexpr std::array<http::field, 8> kHopByHop = {http::field::connection,
+                                                  http::field::keep_alive,
+                                                  http::field::proxy_connection,
+                                                  http::field::proxy_authenticate,
+                                                  http::field::proxy_authorization,
+                                                  http::field::te,
+                                                  http::field::trailer,
+                                                  http::field::transfer_encoding};
 
 // Statuses whose answers carry no body (RFC 9110 §6.4.1).
 bool bodiless(unsigned status) { return status < 200 || status == 204 || status == 304; }

@@ -14,8 +14,8 @@ std::uint16_t parse_port(std::string_view text, std::string_view what) {
   unsigned value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || value > 65535) {
-    throw std::invalid_argument("'" + std::string(text) + "' is not a port number (0 to 65535) in " +
-                                std::string(what));
+    throw std::invalid_argument("'" + std::string(text) +
+                                "' is not a port number (0 to 65535) in " + std::string(what));
   }
   return static_cast<std::uint16_t>(value);
 }
@@ -39,7 +39,8 @@ std::pair<std::string, std::string_view> split_host_port(std::string_view text,
     }
     host = std::string(text.substr(0, colon));
   }
-  if (host.empty()) throw std::invalid_argument("the host is missing, e.g. " + std::string(example));
+  if (host.empty())
+    throw std::invalid_argument("the host is missing, e.g. " + std::string(example));
   return {host, text.substr(colon + 1)};
 }
 
@@ -79,8 +80,9 @@ void parse_listen(std::string_view text, ProxyOptions& options) {
 void parse_upstream(std::string_view text, ProxyOptions& options) {
   constexpr std::string_view kScheme = "http://";
   if (text.substr(0, 8) == "https://") {
-    throw std::invalid_argument("https upstreams are not supported; the upstream is a local "
-                                "service reached over plain HTTP (http://HOST:PORT)");
+    throw std::invalid_argument(
+        "https upstreams are not supported; the upstream is a local "
+        "service reached over plain HTTP (http://HOST:PORT)");
   }
   if (text.substr(0, kScheme.size()) != kScheme) {
     throw std::invalid_argument("expected http://HOST:PORT, e.g. http://127.0.0.1:3000");
@@ -125,13 +127,14 @@ std::vector<StatusRange> parse_statuses(std::string_view text) {
     return value;
   };
   for_each_item(text, [&](std::string_view item) {
-    if (item.size() == 3 && (item.substr(1) == "xx" || item.substr(1) == "XX") &&
-        item[0] >= '1' && item[0] <= '9') {
+    if (item.size() == 3 && (item.substr(1) == "xx" || item.substr(1) == "XX") && item[0] >= '1' &&
+        item[0] <= '9') {
       unsigned first = static_cast<unsigned>(item[0] - '0') * 100;
       out.push_back({first, first + 99});
     } else if (std::size_t dash = item.find('-'); dash != std::string_view::npos) {
       StatusRange r{number(item.substr(0, dash)), number(item.substr(dash + 1))};
-      if (r.first > r.last) throw std::invalid_argument("'" + std::string(item) + "' is an empty range");
+      if (r.first > r.last)
+        throw std::invalid_argument("'" + std::string(item) + "' is an empty range");
       out.push_back(r);
     } else {
       unsigned status = number(item);

@@ -19,7 +19,8 @@ class Reader {
   bool number(int bytes, std::uint64_t* out) {
     if (rest_.size() < static_cast<std::size_t>(bytes)) return false;
     std::uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i) value = (value << 8) | static_cast<unsigned char>(rest_[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < bytes; ++i)
+      value = (value << 8) | static_cast<unsigned char>(rest_[static_cast<std::size_t>(i)]);
     rest_.remove_prefix(static_cast<std::size_t>(bytes));
     *out = value;
     return true;

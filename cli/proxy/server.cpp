@@ -1,6 +1,5 @@
 #include "server.h"
 
-
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
@@ -57,7 +56,6 @@ ExecutorOptions executor_options(const ProxyOptions& o, ExecutorMetrics& metrics
   e.max_payload = kMaxPayloadBytes;
   return e;
 }
-
 
 std::string shown_address(const tcp::endpoint& e) {
   const std::string address = e.address().to_string();

@@ -76,8 +76,7 @@ struct Codec<std::vector<unsigned char>> {
 // Integers as decimal text, so `idem show` prints them readably. decode accepts exactly
 // what encode produces: an optional '-' and digits, nothing else, within T's range.
 template <typename T>
-  requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
-struct Codec<T> {
+requires(std::is_integral_v<T> && !std::is_same_v<T, bool>) struct Codec<T> {
   static std::string encode(T value) {
     char buf[24];
     const auto r = std::to_chars(buf, buf + sizeof buf, value);
@@ -88,8 +87,7 @@ struct Codec<T> {
     const char* end = bytes.data() + bytes.size();
     const auto r = std::from_chars(bytes.data(), end, value);
     if (bytes.empty() || r.ec != std::errc() || r.ptr != end) {
-      throw std::invalid_argument("not a decimal integer in range: \"" + std::string(bytes) +
-                                  "\"");
+      throw std::invalid_argument("not a decimal integer in range: \"" + std::string(bytes) + "\"");
     }
     return value;
   }
@@ -108,7 +106,7 @@ struct Codec<bool> {
 // Enums as their underlying integer, so renaming an enumerator keeps stored results valid
 // (renumbering does not).
 template <typename T>
-  requires std::is_enum_v<T>
+requires std::is_enum_v<T>
 struct Codec<T> {
   using Underlying = std::underlying_type_t<T>;
   static std::string encode(T value) {

@@ -18,7 +18,6 @@
 // idem::DecodeFailed with the stored bytes.
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <string_view>
 

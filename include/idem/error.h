@@ -81,8 +81,7 @@ class InvalidArgument : public Error {
   const std::string& argument() const noexcept { return argument_; }
 
  protected:
-  InvalidArgument(ErrorCode code, std::string argument, const std::string& why,
-                  RecordRef record);
+  InvalidArgument(ErrorCode code, std::string argument, const std::string& why, RecordRef record);
 
  private:
   std::string argument_;
@@ -117,8 +116,7 @@ class InProgress : public Error {
 
 class KeyReuse : public Error {
  public:
-  KeyReuse(std::string stored_fingerprint, std::string request_fingerprint,
-           RecordRef record = {});
+  KeyReuse(std::string stored_fingerprint, std::string request_fingerprint, RecordRef record = {});
   const std::string& stored_fingerprint() const noexcept { return stored_; }
   const std::string& request_fingerprint() const noexcept { return request_; }
 

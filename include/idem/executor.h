@@ -596,8 +596,7 @@ class Executor {
   // run with the result type taken from the action: void, std::string for anything that
   // converts to it (bytes), else the action's own type through Codec<T>.
   template <typename F>
-  auto run(std::string_view scope, std::string_view key, F&& action,
-           const CallOptions& call = {}) {
+  auto run(std::string_view scope, std::string_view key, F&& action, const CallOptions& call = {}) {
     return run<detail::ResultOf<F>>(scope, key, std::forward<F>(action), call);
   }
 
@@ -616,8 +615,7 @@ class Executor {
   // Throws InvalidArgument, KeyReuse, StoreUnavailable, DecodeFailed and ShutDown as run()
   // does; never InProgress. For T other than std::string a replay is decoded with Codec<T>.
   template <typename T = std::string>
-  BeginResult<T> begin(std::string_view scope, std::string_view key,
-                       const CallOptions& call = {}) {
+  BeginResult<T> begin(std::string_view scope, std::string_view key, const CallOptions& call = {}) {
     static_assert(detail::kHasCodec<T>,
                   "idem: no codec for this result type. Specialise idem::Codec<T> with "
                   "static std::string encode(const T&) and static T decode(std::string_view) "
@@ -683,10 +681,9 @@ class Executor {
   }
 
   template <typename F>
-  auto run_in_transaction(const SqlConnection& conn, std::string_view scope,
-                          std::string_view key, F&& action, const CallOptions& call = {}) {
-    return run_in_transaction<detail::ResultOf<F>>(conn, scope, key, std::forward<F>(action),
-                                                   call);
+  auto run_in_transaction(const SqlConnection& conn, std::string_view scope, std::string_view key,
+                          F&& action, const CallOptions& call = {}) {
+    return run_in_transaction<detail::ResultOf<F>>(conn, scope, key, std::forward<F>(action), call);
   }
 
   // SPEC §14's one-transaction form, for an action whose only effects are writes through
@@ -728,8 +725,8 @@ class Executor {
       return complete_in_open_transaction(conn, scope, key, *attempt, action(*attempt), options);
     } else {
       T value = action(*attempt);
-      Result<std::string> stored = complete_in_open_transaction(
-          conn, scope, key, *attempt, Codec<T>::encode(value), options);
+      Result<std::string> stored = complete_in_open_transaction(conn, scope, key, *attempt,
+                                                                Codec<T>::encode(value), options);
       return Result<T>{static_cast<ResultInfo&&>(stored), std::move(value)};
     }
   }
@@ -738,8 +735,8 @@ class Executor {
   auto run_in_open_transaction(const SqlConnection& conn, std::string_view scope,
                                std::string_view key, F&& action,
                                const OpenTransactionOptions& options = {}) {
-    return run_in_open_transaction<detail::ResultOf<F>>(conn, scope, key,
-                                                        std::forward<F>(action), options);
+    return run_in_open_transaction<detail::ResultOf<F>>(conn, scope, key, std::forward<F>(action),
+                                                        options);
   }
 
   // An orderly stop: from now on calls are refused with ShutDown and waiting duplicates
@@ -785,8 +782,8 @@ class Executor {
   TransactionalStore& transactional_store() const;
   // run_in_open_transaction's two halves: the acquire (a replay is returned and `attempt`
   // left empty; a busy key throws InProgress), and the complete.
-  Result<std::string> begin_in_open_transaction(const SqlConnection& conn,
-                                                std::string_view scope, std::string_view key,
+  Result<std::string> begin_in_open_transaction(const SqlConnection& conn, std::string_view scope,
+                                                std::string_view key,
                                                 const OpenTransactionOptions& options,
                                                 std::optional<Attempt>& attempt);
   Result<std::string> complete_in_open_transaction(const SqlConnection& conn,

@@ -12,7 +12,7 @@
 #include "idem/purger.h"
 #include "idem/store.h"
 #include "idem/store_wrapper.h"
+#include "idem/stores/memory_store.h"
 #include "idem/transaction.h"
 #include "idem/types.h"
 #include "idem/version.h"
-#include "idem/stores/memory_store.h"

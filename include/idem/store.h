@@ -66,8 +66,7 @@ class Store {
   // fingerprint, when given, is stored with the record; Busy and Replay report the stored
   // one so the caller can detect key reuse.
   // REQUIRES: valid scope and key; 0 < lease, ttl <= 365 days.
-  AcquireResult acquire(std::string_view scope, std::string_view key, Duration lease,
-                        Duration ttl,
+  AcquireResult acquire(std::string_view scope, std::string_view key, Duration lease, Duration ttl,
                         std::optional<std::string_view> fingerprint = std::nullopt);
 
   // Moves the record from IN_PROGRESS with `token` to COMPLETE with the payload,
@@ -115,13 +114,11 @@ class Store {
   virtual TransactionalStore* transactions() noexcept { return nullptr; }
 
  protected:
-  virtual AcquireResult do_acquire(std::string_view scope, std::string_view key,
-                                   Duration lease, Duration ttl,
-                                   std::optional<std::string_view> fingerprint) = 0;
+  virtual AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                                   Duration ttl, std::optional<std::string_view> fingerprint) = 0;
   virtual WriteResult do_complete(std::string_view scope, std::string_view key, Token token,
                                   std::string_view payload, Duration ttl) = 0;
-  virtual WriteResult do_release(std::string_view scope, std::string_view key,
-                                 Token token) = 0;
+  virtual WriteResult do_release(std::string_view scope, std::string_view key, Token token) = 0;
   virtual ExtendResult do_extend(std::string_view scope, std::string_view key, Token token,
                                  Duration lease) = 0;
   // Not pure: the default extends one request at a time through do_extend. A store with a

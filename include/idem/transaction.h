@@ -27,7 +27,7 @@
 
 #include "idem/types.h"
 
-typedef struct pg_conn PGconn;  // libpq-fe.h
+typedef struct pg_conn PGconn;   // libpq-fe.h
 typedef struct sqlite3 sqlite3;  // sqlite3.h
 
 namespace idem {
@@ -51,8 +51,7 @@ class SqlConnection {
   }
 
  private:
-  SqlConnection(Kind kind, PGconn* pg, sqlite3* db) noexcept
-      : kind_(kind), pg_(pg), sqlite_(db) {}
+  SqlConnection(Kind kind, PGconn* pg, sqlite3* db) noexcept : kind_(kind), pg_(pg), sqlite_(db) {}
   Kind kind_;
   PGconn* pg_;
   sqlite3* sqlite_;
@@ -79,16 +78,16 @@ class TransactionalStore {
   // Throws InvalidArgument when `conn` is not of this store's kind, is not inside an open
   // transaction, or (SQLite) is not on the store's file.
   [[nodiscard]] WriteResult complete_in(const SqlConnection& conn, std::string_view scope,
-                                        std::string_view key, Token token,
-                                        std::string_view payload, Duration ttl);
+                                        std::string_view key, Token token, std::string_view payload,
+                                        Duration ttl);
 
   // Store::acquire on the caller's open transaction (SPEC §14's one-transaction form). A
   // record another open transaction is writing is waited for (its row lock, or SQLite's
   // write lock) and judged as that transaction leaves it; with `nowait`, a record another
   // PostgreSQL transaction holds answers Busy instead (SQLite has no row locks: the
   // caller's BEGIN IMMEDIATE is where a duplicate waits).
-  AcquireResult acquire_in(const SqlConnection& conn, std::string_view scope,
-                           std::string_view key, Duration lease, Duration ttl,
+  AcquireResult acquire_in(const SqlConnection& conn, std::string_view scope, std::string_view key,
+                           Duration lease, Duration ttl,
                            std::optional<std::string_view> fingerprint, bool nowait);
 
   // BEGIN (SQLite: BEGIN IMMEDIATE, so the write lock is taken at once and never upgraded),
@@ -106,12 +105,11 @@ class TransactionalStore {
 
  protected:
   virtual WriteResult do_complete_in(const SqlConnection& conn, std::string_view scope,
-                                     std::string_view key, Token token,
-                                     std::string_view payload, Duration ttl) = 0;
+                                     std::string_view key, Token token, std::string_view payload,
+                                     Duration ttl) = 0;
   virtual AcquireResult do_acquire_in(const SqlConnection& conn, std::string_view scope,
                                       std::string_view key, Duration lease, Duration ttl,
-                                      std::optional<std::string_view> fingerprint,
-                                      bool nowait) = 0;
+                                      std::optional<std::string_view> fingerprint, bool nowait) = 0;
   virtual void do_begin(const SqlConnection& conn) = 0;
   virtual void do_commit(const SqlConnection& conn) = 0;
   virtual void do_rollback(const SqlConnection& conn) noexcept = 0;

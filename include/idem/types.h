@@ -78,12 +78,12 @@ enum class RecordState { kInProgress, kComplete };
 struct Record {
   RecordState state = RecordState::kInProgress;
   Token token = 0;
-  std::uint32_t attempt = 0;               // IN_PROGRESS only
-  Timestamp acquired_at{};                 // IN_PROGRESS only
-  Timestamp lease_expires_at{};            // IN_PROGRESS only
-  Timestamp completed_at{};                // COMPLETE only
+  std::uint32_t attempt = 0;     // IN_PROGRESS only
+  Timestamp acquired_at{};       // IN_PROGRESS only
+  Timestamp lease_expires_at{};  // IN_PROGRESS only
+  Timestamp completed_at{};      // COMPLETE only
   Timestamp expires_at{};
-  std::string payload;                     // COMPLETE only
+  std::string payload;  // COMPLETE only
   std::optional<std::string> fingerprint;
   // The store's clock when the snapshot was taken, so a reader can tell what has expired
   // without comparing the store's clock with its own.

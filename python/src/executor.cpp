@@ -8,6 +8,8 @@
 // waiting for it. Every store call and every wait runs with the GIL released; the codecs
 // run with it held.
 
+#include "idem/executor.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -26,7 +28,6 @@
 
 #include "bindings.h"
 #include "gil.h"
-#include "idem/executor.h"
 
 namespace idem::python {
 namespace {
@@ -174,7 +175,7 @@ struct PyResult {
   std::optional<Timestamp> expires_at;
 
   static PyResult of(py::object value, const ResultInfo& info) {
-    return PyResult{std::move(value), info.replayed,   info.token,     info.attempt,
+    return PyResult{std::move(value), info.replayed,     info.token,     info.attempt,
                     info.stolen,      info.completed_at, info.expires_at};
   }
 };
@@ -199,8 +200,7 @@ void delete_executor(Executor* e) {
 class PyAttempt {
  public:
   // A replay.
-  PyAttempt(std::shared_ptr<Executor> executor, py::object scope, py::object key,
-            PyResult result)
+  PyAttempt(std::shared_ptr<Executor> executor, py::object scope, py::object key, PyResult result)
       : executor_(std::move(executor)),
         scope_(std::move(scope)),
         key_(std::move(key)),
@@ -398,8 +398,8 @@ class PyAttempt {
 
   void require_lease(const char* what) const {
     if (replayed_) {
-      throw std::logic_error(std::string("this attempt is a replay: there is no lease to ") +
-                             what + " (its result is in .result)");
+      throw std::logic_error(std::string("this attempt is a replay: there is no lease to ") + what +
+                             " (its result is in .result)");
     }
   }
 
@@ -461,8 +461,8 @@ struct PyExecutor {
     if (!on_event.is_none()) options.on_event = event_hook(SharedObject(std::move(on_event)));
     codec = Codec(codec_in.is_none() ? py::cast(DefaultCodec{}) : std::move(codec_in));
     ExecutorOptions copy = options;
-    executor = std::shared_ptr<Executor>(new Executor(store->store, std::move(copy)),
-                                         &delete_executor);
+    executor =
+        std::shared_ptr<Executor>(new Executor(store->store, std::move(copy)), &delete_executor);
     register_executor(executor);
   }
 
@@ -473,8 +473,12 @@ struct PyExecutor {
       const std::string error = e.error != nullptr ? e.error->what() : std::string();
       const bool has_error = e.error != nullptr;
       with_gil([&] {
-        PyEvent ev{to_string(e.kind), text_or_bytes(scope), text_or_bytes(key), e.token,
-                   e.attempt, static_cast<double>(e.elapsed.count()) / 1e6,
+        PyEvent ev{to_string(e.kind),
+                   text_or_bytes(scope),
+                   text_or_bytes(key),
+                   e.token,
+                   e.attempt,
+                   static_cast<double>(e.elapsed.count()) / 1e6,
                    has_error ? std::optional<std::string>(error) : std::nullopt};
         try {
           fn.object()(py::cast(std::move(ev)));
@@ -525,8 +529,8 @@ struct PyExecutor {
       *busy = *b;
       return std::nullopt;
     }
-    return py::cast(std::make_unique<PyAttempt>(executor, scope_obj, key_obj, c,
-                                                std::move(*begun.handle())));
+    return py::cast(
+        std::make_unique<PyAttempt>(executor, scope_obj, key_obj, c, std::move(*begun.handle())));
   }
 };
 
@@ -543,7 +547,8 @@ keys as strings, as with any JSON: a fresh run returns the action's own value, o
 replays go through decode().)doc")
       .def(py::init<>())
       .def(
-          "encode", [](const DefaultCodec&, py::handle value) { return py::bytes(default_encode(value)); },
+          "encode",
+          [](const DefaultCodec&, py::handle value) { return py::bytes(default_encode(value)); },
           py::arg("value"))
       .def(
           "decode",
@@ -555,16 +560,16 @@ replays go through decode().)doc")
 
   py::class_<PyResult>(m, "Result", "What run() returns: the value and where it came from.")
       .def_readonly("value", &PyResult::value, "The action's value, or the stored one (replayed).")
-      .def_readonly("replayed", &PyResult::replayed,
-                    "True when the value is an earlier run's stored result; the action did not run.")
+      .def_readonly(
+          "replayed", &PyResult::replayed,
+          "True when the value is an earlier run's stored result; the action did not run.")
       .def_readonly("token", &PyResult::token,
                     "The fencing token of the lease that produced a fresh result; None for a "
                     "replay from the store.")
       .def_readonly("attempt", &PyResult::attempt,
                     "The attempt number of that lease (1, or more after takeovers); 0 for a "
                     "replay from the store.")
-      .def_readonly("stolen", &PyResult::stolen,
-                    "Whether that lease took over an abandoned one.")
+      .def_readonly("stolen", &PyResult::stolen, "Whether that lease took over an abandoned one.")
       .def_property_readonly(
           "completed_at", [](const PyResult& r) { return optional_datetime(r.completed_at); },
           "When the result was recorded (UTC, the store's clock): replays only.")
@@ -589,13 +594,14 @@ replays go through decode().)doc")
       .def_readonly("key", &PyEvent::key)
       .def_readonly("token", &PyEvent::token, "The lease concerned; 0 when none of this process.")
       .def_readonly("attempt", &PyEvent::attempt)
-      .def_readonly("elapsed", &PyEvent::elapsed, "Seconds since the call began (or the lease "
-                                                  "was acquired, for lease_lost and heartbeat_error).")
+      .def_readonly("elapsed", &PyEvent::elapsed,
+                    "Seconds since the call began (or the lease "
+                    "was acquired, for lease_lost and heartbeat_error).")
       .def_readonly("error", &PyEvent::error, "The store's error, for heartbeat_error.")
       .def("__repr__", [](const PyEvent& e) {
         return "idem.Event(kind=" + std::string(py::repr(py::str(e.kind))) +
-               ", scope=" + std::string(py::repr(e.scope)) + ", key=" +
-               std::string(py::repr(e.key)) + ", token=" + std::to_string(e.token) + ")";
+               ", scope=" + std::string(py::repr(e.scope)) +
+               ", key=" + std::string(py::repr(e.key)) + ", token=" + std::to_string(e.token) + ")";
       });
 
   py::class_<PyAttempt>(m, "Attempt", R"doc(A call's hold on a key, or the replay it found.
@@ -673,8 +679,8 @@ an attempt that was not ended, releases.)doc")
                  ", key=" + std::string(py::repr(a.key())) + ")";
         }
         return "idem.Attempt(scope=" + std::string(py::repr(a.scope())) +
-               ", key=" + std::string(py::repr(a.key())) + ", token=" +
-               std::to_string(*a.token()) + ", number=" + std::to_string(a.number()) +
+               ", key=" + std::string(py::repr(a.key())) + ", token=" + std::to_string(*a.token()) +
+               ", number=" + std::to_string(a.number()) +
                ", stolen=" + (a.stolen() ? "True" : "False") +
                ", active=" + (a.active() ? "True" : "False") + ")";
       });

@@ -91,9 +91,8 @@ py::object to_datetime(Timestamp t) {
     py::module_ dt = py::module_::import("datetime");
     py::object utc = dt.attr("timezone").attr("utc");
     // Leaked: a module-lifetime cache that must not be destroyed after the interpreter.
-    return new py::object(py::cpp_function([dt, utc](double s) {
-      return dt.attr("datetime").attr("fromtimestamp")(s, utc);
-    }));
+    return new py::object(py::cpp_function(
+        [dt, utc](double s) { return dt.attr("datetime").attr("fromtimestamp")(s, utc); }));
   }();
   const auto ms = t.time_since_epoch().count();
   return (*from_timestamp)(static_cast<double>(ms) / 1000.0);
@@ -278,8 +277,8 @@ using namespace idem::python;
 PYBIND11_MODULE(_idem, m) {
   m.doc() = "The C++ core of the idem package (use `import idem`, not this module).";
   m.attr("__version__") = idem::version();
-  Gate::instance().set_main_thread(
-      py::cast<unsigned long>(py::module_::import("threading").attr("main_thread")().attr("ident")));
+  Gate::instance().set_main_thread(py::cast<unsigned long>(
+      py::module_::import("threading").attr("main_thread")().attr("ident")));
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -306,8 +305,9 @@ PYBIND11_MODULE(_idem, m) {
 
   py::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store",
                                                 "A store opened from a URL; see idem.open_store.")
-      .def("describe", [](const PyStore& s) { return s.store->describe(); },
-           "The store's URL with any password redacted.")
+      .def(
+          "describe", [](const PyStore& s) { return s.store->describe(); },
+          "The store's URL with any password redacted.")
       .def(
           "get",
           [](const PyStore& s, const std::string& scope, const std::string& key) -> py::object {

@@ -76,8 +76,8 @@ std::string with_record(const std::string& message, RecordRef record) {
 Error::Error(ErrorCode code, const std::string& message, RecordRef record)
     : std::runtime_error(with_record(message, record)), code_(code) {
   if (!record.scope.empty() || !record.key.empty()) {
-    record_ = std::make_shared<const Record>(
-        Record{std::string(record.scope), std::string(record.key)});
+    record_ =
+        std::make_shared<const Record>(Record{std::string(record.scope), std::string(record.key)});
   }
 }
 
@@ -100,9 +100,8 @@ InvalidArgument::InvalidArgument(ErrorCode code, std::string argument, const std
 
 PayloadTooLarge::PayloadTooLarge(std::size_t size, std::size_t limit, RecordRef record)
     : InvalidArgument(ErrorCode::kPayloadTooLarge, "payload",
-                      "the result is " + std::to_string(size) +
-                          " bytes, more than the limit of " + std::to_string(limit) +
-                          " bytes; the record was released",
+                      "the result is " + std::to_string(size) + " bytes, more than the limit of " +
+                          std::to_string(limit) + " bytes; the record was released",
                       record),
       size_(size),
       limit_(limit) {}
@@ -115,8 +114,7 @@ std::string in_progress_message(Timestamp deadline, Duration remaining) {
 }  // namespace
 
 InProgress::InProgress(Timestamp lease_expires_at, Duration lease_remaining, RecordRef record)
-    : Error(ErrorCode::kInProgress, in_progress_message(lease_expires_at, lease_remaining),
-            record),
+    : Error(ErrorCode::kInProgress, in_progress_message(lease_expires_at, lease_remaining), record),
       lease_expires_at_(lease_expires_at),
       lease_remaining_(lease_remaining) {}
 

@@ -21,16 +21,16 @@
 namespace idem {
 namespace {
 
-using detail::coarse_now;
-using detail::HeartbeatLease;
-using detail::SteadyClock;
 using detail::Backoff;
+using detail::coarse_now;
 using detail::Followed;
+using detail::HeartbeatLease;
 using detail::IdHash;
 using detail::IdView;
 using detail::InFlight;
 using detail::OwnerState;
 using detail::RequestStop;
+using detail::SteadyClock;
 
 // A complete() call that failed with a store error, and did not land, is retried after
 // this pause, doubling up to the cap, while the local view of the lease is still valid
@@ -88,9 +88,9 @@ void validate_options(const ExecutorOptions& o) {
                                              " bytes, got " + std::to_string(o.max_payload));
   }
   if (o.shutdown_timeout < Duration::zero() || o.shutdown_timeout > kMaxDuration) {
-    throw InvalidArgument("shutdown_timeout", "must be 0 to 365 days, got " +
-                                                  std::to_string(o.shutdown_timeout.count()) +
-                                                  " ms");
+    throw InvalidArgument(
+        "shutdown_timeout",
+        "must be 0 to 365 days, got " + std::to_string(o.shutdown_timeout.count()) + " ms");
   }
 }
 
@@ -210,9 +210,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         continue;
       }
       const auto sent = coarse_now();
-      AcquireResult acquired =
-          guarded([&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); },
-                  record);
+      AcquireResult acquired = guarded(
+          [&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); }, record);
       if (auto* replay = std::get_if<Replay>(&acquired)) {
         check_fingerprint(replay->fingerprint, call.fingerprint, record);
         if (poller) {
@@ -431,8 +430,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   }
 
   // Executor::run_in_open_transaction, first half: the acquire in the caller's transaction.
-  Result<std::string> begin_in_open_transaction(const SqlConnection& conn,
-                                                std::string_view scope, std::string_view key,
+  Result<std::string> begin_in_open_transaction(const SqlConnection& conn, std::string_view scope,
+                                                std::string_view key,
                                                 const OpenTransactionOptions& o,
                                                 std::optional<Attempt>& attempt) {
     TransactionalStore& tx = transactional();
@@ -444,11 +443,11 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     const std::optional<std::string_view> fingerprint =
         o.fingerprint ? std::optional<std::string_view>(*o.fingerprint) : std::nullopt;
     AcquireResult acquired = guarded(
-        [&] { return tx.acquire_in(conn, scope, key, lease, ttl, fingerprint, o.nowait); },
-        record);
+        [&] { return tx.acquire_in(conn, scope, key, lease, ttl, fingerprint, o.nowait); }, record);
     if (auto* a = std::get_if<Acquired>(&acquired)) {
       attempt.emplace(a->lease.token, a->lease.attempt, a->stolen, std::stop_token{});
-      if (events_ && a->stolen) emit(EventKind::kStolen, record, a->lease.token, a->lease.attempt, started);
+      if (events_ && a->stolen)
+        emit(EventKind::kStolen, record, a->lease.token, a->lease.attempt, started);
       return {};
     }
     if (auto* busy = std::get_if<Busy>(&acquired)) {
@@ -488,7 +487,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
                       "deleted by the same transaction before the complete; roll back",
                       record);
     }
-    if (events_) emit(EventKind::kRan, record, attempt.token(), attempt.number(), SteadyClock::now());
+    if (events_)
+      emit(EventKind::kRan, record, attempt.token(), attempt.number(), SteadyClock::now());
     return fresh_result(attempt.token(), attempt.number(), attempt.stolen(), std::move(bytes));
   }
 
@@ -564,7 +564,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
   }
 
-  void emit_for(EventKind kind, const InFlight& owner, SteadyClock::time_point since) const noexcept {
+  void emit_for(EventKind kind, const InFlight& owner,
+                SteadyClock::time_point since) const noexcept {
     emit(kind, owner.record(), owner.token(), owner.attempt.number(), since);
   }
 
@@ -726,7 +727,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       const std::optional<Record> now = store_->get(owner.scope(), owner.key());
       if (!now) {
         return "the record was deleted (forgotten by an operator, or purged) while this call "
-               "held the lease" + tail;
+               "held the lease" +
+               tail;
       }
       if (now->state == RecordState::kInProgress) {
         return "another caller took the key over (lease " + std::to_string(now->token) +
@@ -736,16 +738,16 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
              ") completed the key after this lease expired" + tail;
     } catch (...) {
       return "the store fenced the write: the lease expired and another caller took the key "
-             "over, or the record was deleted" + tail;
+             "over, or the record was deleted" +
+             tail;
     }
   }
 
   // Takes the lease: lists the call as the key's owner, starts its heartbeat and hands it
   // back as a handle.
   BytesBegin own(const IdView& id, std::size_t hash, const Acquired& acquired,
-                 SteadyClock::time_point sent, const Call& call,
-                 std::shared_ptr<InFlight>& poller, CallCounter::Slot* counted,
-                 SteadyClock::time_point started) {
+                 SteadyClock::time_point sent, const Call& call, std::shared_ptr<InFlight>& poller,
+                 CallCounter::Slot* counted, SteadyClock::time_point started) {
     // SPEC §6: the local deadline is the send time plus the time left by the store's clock.
     const auto local_deadline =
         sent + std::chrono::duration_cast<SteadyClock::duration>(acquired.lease.lease_remaining);
@@ -917,8 +919,7 @@ void AttemptCore::complete_in_bytes(const SqlConnection& conn, std::string bytes
 
 namespace {
 [[noreturn]] void not_completing() {
-  throw std::logic_error(
-      "idem::AttemptHandle: no complete_in() waits for a commit on this handle");
+  throw std::logic_error("idem::AttemptHandle: no complete_in() waits for a commit on this handle");
 }
 }  // namespace
 
@@ -961,8 +962,8 @@ void throw_decode_failed(std::string bytes, RecordRef record) {
   } catch (const std::exception& e) {
     throw DecodeFailed(std::move(bytes), e.what(), record);
   } catch (...) {
-    throw DecodeFailed(std::move(bytes), "the codec threw an exception that is not a std::exception",
-                       record);
+    throw DecodeFailed(std::move(bytes),
+                       "the codec threw an exception that is not a std::exception", record);
   }
 }
 
@@ -1058,11 +1059,10 @@ Result<std::string> Executor::begin_in_open_transaction(const SqlConnection& con
 }
 
 Result<std::string> Executor::complete_in_open_transaction(
-    const SqlConnection& conn, std::string_view scope, std::string_view key,
-    const Attempt& attempt, std::string bytes, const OpenTransactionOptions& options) {
+    const SqlConnection& conn, std::string_view scope, std::string_view key, const Attempt& attempt,
+    std::string bytes, const OpenTransactionOptions& options) {
   if (!impl_) throw ShutDown("the executor was moved from");
-  return impl_->complete_in_open_transaction(conn, scope, key, attempt, std::move(bytes),
-                                             options);
+  return impl_->complete_in_open_transaction(conn, scope, key, attempt, std::move(bytes), options);
 }
 
 Store& Executor::store() const {
@@ -1077,8 +1077,6 @@ const ExecutorOptions& Executor::options() const {
 
 std::size_t Executor::active_leases() const { return impl_ ? impl_->active_leases() : 0; }
 
-std::size_t Executor::waiting_duplicates() const {
-  return impl_ ? impl_->waiting_duplicates() : 0;
-}
+std::size_t Executor::waiting_duplicates() const { return impl_ ? impl_->waiting_duplicates() : 0; }
 
 }  // namespace idem

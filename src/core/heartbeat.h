@@ -115,7 +115,8 @@ class Heartbeat {
   using ErrorHandler = std::function<void(const std::exception&)>;
   // `error` is the store's error for a failed extend of `lease`, or null when `lease` was
   // found lost.
-  using LeaseHandler = std::function<void(const HeartbeatLease& lease, const std::exception* error)>;
+  using LeaseHandler =
+      std::function<void(const HeartbeatLease& lease, const std::exception* error)>;
 
   // `store` must outlive the heartbeat. `on_error` is called on the heartbeat thread for
   // each failed store call, `on_lease` for each lease that call concerned and for each

@@ -15,8 +15,8 @@ void validate_scope(std::string_view scope) {
 
 void validate_key(std::string_view key) {
   if (key.empty() || key.size() > kMaxKeyBytes) {
-    throw InvalidArgument("key", "must be 1 to " + std::to_string(kMaxKeyBytes) +
-                                     " bytes, got " + std::to_string(key.size()));
+    throw InvalidArgument("key", "must be 1 to " + std::to_string(kMaxKeyBytes) + " bytes, got " +
+                                     std::to_string(key.size()));
   }
 }
 
@@ -26,8 +26,8 @@ void validate_duration(std::string_view name, Duration d) {
                           "must be positive, got " + std::to_string(d.count()) + " ms");
   }
   if (d > kMaxDuration) {
-    throw InvalidArgument(std::string(name), "must be at most 365 days, got " +
-                                                 std::to_string(d.count()) + " ms");
+    throw InvalidArgument(std::string(name),
+                          "must be at most 365 days, got " + std::to_string(d.count()) + " ms");
   }
 }
 

@@ -35,8 +35,7 @@ struct ProcessOptions {
 // A process started in the background; its output is collected when it is finished.
 class Process {
  public:
-  Process(const std::vector<std::string>& argv, const EnvChanges& env,
-          ProcessOptions options = {});
+  Process(const std::vector<std::string>& argv, const EnvChanges& env, ProcessOptions options = {});
   ~Process();
   Process(const Process&) = delete;
   Process& operator=(const Process&) = delete;
@@ -68,4 +67,3 @@ bool running(pid_t pid);
 using idem::testing::eventually;
 
 }  // namespace idem::cli::test
-

@@ -24,10 +24,10 @@
 #include "idem/clock.h"
 #include "idem/executor.h"
 #include "idem/stores/memory_store.h"
-#include "support/eventually.h"
 #include "idem/testing/fault_store.h"
 #include "idem/testing/matchers.h"
 #include "idem/testing/store_fixtures.h"
+#include "support/eventually.h"
 
 namespace {
 
@@ -117,10 +117,10 @@ TEST_F(AttemptHandleTest, BeginOnABusyKeyAnswersInsteadOfThrowing) {
 TEST_F(AttemptHandleTest, BeginWaitsUnderItsPolicyBeforeAnsweringBusy) {
   ASSERT_THAT(memory_->acquire("s", "k", 60s, 1h), IsAcquired());
   Executor exec(store_);
-  auto begun = exec.begin(
-      "s", "k",
-      CallOptions{.wait = WaitPolicy{.max_wait = 50ms, .initial_backoff = 5ms,
-                                     .max_backoff = 10ms}});
+  auto begun =
+      exec.begin("s", "k",
+                 CallOptions{.wait = WaitPolicy{
+                                 .max_wait = 50ms, .initial_backoff = 5ms, .max_backoff = 10ms}});
   EXPECT_EQ(begun.kind(), BeginKind::kBusy);
   EXPECT_GE(store_->calls(Op::kAcquire), 2u);
   EXPECT_EQ(exec.waiting_duplicates(), 0u);
@@ -515,9 +515,10 @@ TEST_F(AttemptHandleTest, ManyThreadsBeginAndEndHandlesOnOverlappingKeys) {
         const std::string key =
             std::to_string(i / kPerWindow) + "/" + std::to_string(rng() % kKeysPerWindow);
         const CallOptions call =
-            rng() % 2 ? CallOptions{}
-                      : CallOptions{.wait = WaitPolicy{.max_wait = 20ms, .initial_backoff = 1ms,
-                                                       .max_backoff = 2ms}};
+            rng() % 2
+                ? CallOptions{}
+                : CallOptions{.wait = WaitPolicy{
+                                  .max_wait = 20ms, .initial_backoff = 1ms, .max_backoff = 2ms}};
         try {
           auto begun = exec.begin("stress", key, call);
           if (auto* r = begun.replay()) {

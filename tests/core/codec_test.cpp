@@ -2,6 +2,8 @@
 // when a stored result cannot be decoded, and that a fresh run returns the action's own
 // value rather than the codec's round trip.
 
+#include "idem/codec.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "idem/codec.h"
 #include "idem/codec_json.h"
 #include "idem/executor.h"
 #include "idem/testing/matchers.h"

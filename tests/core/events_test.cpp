@@ -14,10 +14,10 @@
 
 #include "idem/executor.h"
 #include "idem/metrics.h"
-#include "support/eventually.h"
-#include "support/gate.h"
 #include "idem/testing/matchers.h"
 #include "idem/testing/store_fixtures.h"
+#include "support/eventually.h"
+#include "support/gate.h"
 
 namespace {
 
@@ -141,8 +141,8 @@ TEST_F(EventsTest, StolenAndReleasedByAnOversizeResult) {
 
 TEST_F(EventsTest, AHookThatThrowsIsContained) {
   Executor exec(store_, ExecutorOptions{.on_event = [](const idem::Event&) {
-                                          throw std::runtime_error("careless hook");
-                                        }});
+                  throw std::runtime_error("careless hook");
+                }});
   EXPECT_EQ(exec.run("s", "k", [](const Attempt&) { return std::string("v"); }).value, "v");
   EXPECT_TRUE(exec.run("s", "k", [](const Attempt&) { return std::string(); }).replayed);
 }
@@ -175,9 +175,8 @@ TEST_F(EventsTest, LeaseLostWhenCompleteIsFenced) {
 TEST_F(EventsTest, MetricsCountEventsAndRenderPrometheusText) {
   idem::ExecutorMetrics metrics;
   std::size_t passed_on = 0;
-  Executor exec(store_, ExecutorOptions{.on_event = metrics.hook([&](const idem::Event&) {
-                                          ++passed_on;
-                                        })});
+  Executor exec(
+      store_, ExecutorOptions{.on_event = metrics.hook([&](const idem::Event&) { ++passed_on; })});
   (void)exec.run("s", "a", [](const Attempt&) { return std::string("v"); });
   (void)exec.run("s", "b", [](const Attempt&) { return std::string("v"); });
   (void)exec.run("s", "a", [](const Attempt&) { return std::string(); });

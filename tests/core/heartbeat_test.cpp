@@ -21,9 +21,9 @@
 #include "idem/clock.h"
 #include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
-#include "support/eventually.h"
 #include "idem/testing/fault_store.h"
 #include "idem/testing/matchers.h"
+#include "support/eventually.h"
 
 namespace {
 

@@ -25,9 +25,9 @@ using ::testing::Not;
 
 // Opens `url`; a failure must be a clean idem error that does not show `secret`.
 void expect_clean(const std::string& url, const std::string& secret = "hunter2") {
-  SCOPED_TRACE(url.size() > 200 ? url.substr(0, 200) + "... (" + std::to_string(url.size()) +
-                                      " bytes)"
-                                : url);
+  SCOPED_TRACE(url.size() > 200
+                   ? url.substr(0, 200) + "... (" + std::to_string(url.size()) + " bytes)"
+                   : url);
   try {
     (void)open_store(url);
   } catch (const Error& e) {
@@ -94,9 +94,9 @@ TEST(HostileUrl, MalformedUrlsFailCleanly) {
   for (const std::string& scheme : schemes()) {
     for (const std::string& rest : rests) expect_clean(scheme + ":" + rest);
   }
-  for (const std::string& url : {std::string(""), std::string(":"), std::string("://"),
-                                 std::string("1sqlite:x"), std::string("sq lite:x"),
-                                 std::string("\0sqlite:x", 9), std::string("\xff:x")}) {
+  for (const std::string& url :
+       {std::string(""), std::string(":"), std::string("://"), std::string("1sqlite:x"),
+        std::string("sq lite:x"), std::string("\0sqlite:x", 9), std::string("\xff:x")}) {
     expect_clean(url);
   }
 }

@@ -17,8 +17,8 @@ TEST(Version, TheLibraryMatchesItsHeaders) {
   EXPECT_EQ(std::to_string(IDEM_VERSION_MAJOR) + "." + std::to_string(IDEM_VERSION_MINOR) + "." +
                 std::to_string(IDEM_VERSION_PATCH),
             IDEM_VERSION_STRING);
-  static_assert(IDEM_VERSION == IDEM_VERSION_MAJOR * 10000 + IDEM_VERSION_MINOR * 100 +
-                                    IDEM_VERSION_PATCH);
+  static_assert(IDEM_VERSION ==
+                IDEM_VERSION_MAJOR * 10000 + IDEM_VERSION_MINOR * 100 + IDEM_VERSION_PATCH);
 }
 
 // Sets environment variables for one test and puts them back after it.

@@ -17,9 +17,9 @@
 #include "idem/clock.h"
 #include "idem/error.h"
 #include "idem/stores/memory_store.h"
-#include "support/eventually.h"
 #include "idem/testing/fault_store.h"
 #include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
+#include "support/eventually.h"
 
 namespace {
 
@@ -30,7 +30,6 @@ using idem::testing::eventually;
 using idem::testing::FaultStore;
 using idem::testing::kEventually;
 using idem::testing::Op;
-
 
 class PurgerTest : public ::testing::Test {
  protected:

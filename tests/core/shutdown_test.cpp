@@ -14,10 +14,10 @@
 #include <utility>
 
 #include "idem/executor.h"
-#include "support/eventually.h"
-#include "support/gate.h"
 #include "idem/testing/matchers.h"
 #include "idem/testing/store_fixtures.h"
+#include "support/eventually.h"
+#include "support/gate.h"
 
 namespace {
 

@@ -426,14 +426,15 @@ Reply curl(const fs::path& dir, const std::string& url, const std::vector<std::s
   static std::atomic<int> calls{0};
   const std::string n = std::to_string(++calls);
   fs::path headers = dir / ("curl.headers." + n), body = dir / ("curl.body." + n);
-  std::vector<std::string> argv = {"/usr/bin/curl", "-sS",    "--max-time", "60",
-                                   "-D",            headers.string(), "-o",   body.string()};
+  std::vector<std::string> argv = {"/usr/bin/curl",  "-sS", "--max-time", "60", "-D",
+                                   headers.string(), "-o",  body.string()};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back(url);
   Reply reply;
   int status = run(argv, dir / ("curl.out." + n), dir / ("curl.err." + n));
   if (status != 0) {
-    reply.error = "curl exited " + std::to_string(status) + ": " + read_file(dir / ("curl.err." + n));
+    reply.error =
+        "curl exited " + std::to_string(status) + ": " + read_file(dir / ("curl.err." + n));
     return reply;
   }
   // The last header block is the final answer (a 100 Continue comes first).

@@ -152,8 +152,8 @@ TEST_P(ProxyStoreTest, FirstRequestIsForwardedWithFencingHeadersAndItsAnswerIsRe
   auto proxy = start_proxy();
   const std::string k = key("k");
   // A client cannot forge the fencing headers: the proxy replaces them.
-  Headers headers = {{"Idempotency-Key", k}, {"Idempotency-Token", "999999"},
-                     {"Idempotency-Attempt", "7"}};
+  Headers headers = {
+      {"Idempotency-Key", k}, {"Idempotency-Token", "999999"}, {"Idempotency-Attempt", "7"}};
   Reply first = request(proxy->port(), "POST", "/pay", headers, "amount=10");
   ASSERT_EQ(first.status, 200u) << first.error << first.body;
   EXPECT_FALSE(first.replayed());
@@ -177,7 +177,8 @@ TEST_P(ProxyStoreTest, FirstRequestIsForwardedWithFencingHeadersAndItsAnswerIsRe
 TEST_P(ProxyStoreTest, ServerErrorReleasesTheKeyAndARetryRunsAgain) {
   auto proxy = start_proxy();
   const std::string k = key("k");
-  Reply failed = request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Status", "503"}});
+  Reply failed =
+      request(proxy->port(), "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Status", "503"}});
   EXPECT_EQ(failed.status, 503u) << failed.error;
   EXPECT_FALSE(failed.replayed());
   EXPECT_FALSE(record("POST /pay", k).has_value());
@@ -222,8 +223,8 @@ TEST_P(ProxyStoreTest, TwoProxiesOnOneStoreRaceOneKeyAndItRunsOnce) {
   for (int i = 0; i < kClients; ++i) {
     const std::uint16_t port = i % 2 == 0 ? a->port() : b->port();
     clients.emplace_back([&, i, port] {
-      replies[static_cast<std::size_t>(i)] = request(
-          port, "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}}, "same body");
+      replies[static_cast<std::size_t>(i)] =
+          request(port, "POST", "/pay", {{"Idempotency-Key", k}, {"X-Test-Gate", k}}, "same body");
     });
   }
   ASSERT_TRUE(upstream_.wait_for(k, 1));
@@ -1330,7 +1331,8 @@ TEST_F(ProxyTest, KeepAliveOnBothSides) {
   Client client(proxy->port());
   for (int i = 0; i < 20; ++i) {
     const std::string k = key(std::to_string(i % 5));
-    Reply r = i % 3 == 0 ? client.send("GET", "/ping") : client.send("POST", "/pay", {{"Idempotency-Key", k}});
+    Reply r = i % 3 == 0 ? client.send("GET", "/ping")
+                         : client.send("POST", "/pay", {{"Idempotency-Key", k}});
     ASSERT_EQ(r.status, 200u) << i << r.error;
     ASSERT_FALSE(client.closed()) << i;
   }
@@ -1345,8 +1347,13 @@ TEST_F(ProxyTest, KeepAliveOnBothSides) {
 TEST_F(ProxyTest, ExpectContinueIsAnsweredAndTheBodyForwarded) {
   auto proxy = start_proxy();
   const std::string k = key("k");
-  std::vector<std::string> args = {"-X", "POST", "-H", "Idempotency-Key: " + k, "-H",
-                                   "Expect: 100-continue", "--data-binary",
+  std::vector<std::string> args = {"-X",
+                                   "POST",
+                                   "-H",
+                                   "Idempotency-Key: " + k,
+                                   "-H",
+                                   "Expect: 100-continue",
+                                   "--data-binary",
                                    std::string(5000, 'b')};
   Reply r = curl(dir_.path(), proxy->url() + "/upload", args);
   ASSERT_EQ(r.status, 200u) << r.error;

@@ -194,7 +194,9 @@ TEST(Record, RoundTripsEveryField) {
   RecordedResponse r;
   r.status = 201;
   r.reason = "Created";
-  r.headers = {{"Content-Type", "application/octet-stream"}, {"X-Empty", ""}, {"Set-Cookie", "a=1"},
+  r.headers = {{"Content-Type", "application/octet-stream"},
+               {"X-Empty", ""},
+               {"Set-Cookie", "a=1"},
                {"Set-Cookie", "b=2"}};
   r.body = std::string("\0\xff\x01binary\0", 10);
   std::string bytes = encode_record(r);

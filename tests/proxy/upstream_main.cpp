@@ -175,8 +175,8 @@ void serve(tcp::socket socket) {
     std::string text = "execution=" + std::to_string(n) + " key=" + header(req, "Idempotency-Key") +
                        " token=" + header(req, "Idempotency-Token") +
                        " attempt=" + header(req, "Idempotency-Attempt") +
-                       " stolen=" + header(req, "Idempotency-Stolen") + " method=" +
-                       std::string(req.method_string()) + " target=" + target +
+                       " stolen=" + header(req, "Idempotency-Stolen") +
+                       " method=" + std::string(req.method_string()) + " target=" + target +
                        " body=" + std::to_string(req.body().size()) + "\n";
     if (auto cut = header(req, "X-Test-Cut", ""); !cut.empty()) {
       const std::size_t n = std::strtoull(cut.c_str(), nullptr, 10);

@@ -298,22 +298,22 @@ TEST(CrashSoak, PostgresPgbouncer) {
   const std::string port = run_server_script(script, "start", server.path());
   ASSERT_FALSE(port.empty());
   // PgBouncer reaches the server through its unix socket, which trusts local users.
-  const std::string bouncer_port = run_server_script(
-      pgbouncer, "start", bouncer.path(), {"transaction", server.path(), port});
+  const std::string bouncer_port =
+      run_server_script(pgbouncer, "start", bouncer.path(), {"transaction", server.path(), port});
   ASSERT_FALSE(bouncer_port.empty());
-  soak(Target{.name = "postgres-pgbouncer",
-              .url = "postgresql://postgres@127.0.0.1:" + bouncer_port +
-                     "/idem_test?table=idem_soak",
-              .kill_server = [&] { run_server_script(script, "stop", server.path()); },
-              .restart_server = [&] { run_server_script(script, "resume", server.path()); },
-              .pause_server = nullptr,
-              .resume_server = nullptr,
-              .unique_tokens = true,
-              .default_seconds = 25,
-              // From the server itself: after a crash PgBouncer refuses new clients for
-              // server_login_retry (15 s by default) once a login to the server has failed.
-              .check_url = "postgresql:///idem_test?host=" + server.path() + "&port=" + port +
-                           "&user=postgres&table=idem_soak"},
+  soak(Target{
+           .name = "postgres-pgbouncer",
+           .url = "postgresql://postgres@127.0.0.1:" + bouncer_port + "/idem_test?table=idem_soak",
+           .kill_server = [&] { run_server_script(script, "stop", server.path()); },
+           .restart_server = [&] { run_server_script(script, "resume", server.path()); },
+           .pause_server = nullptr,
+           .resume_server = nullptr,
+           .unique_tokens = true,
+           .default_seconds = 25,
+           // From the server itself: after a crash PgBouncer refuses new clients for
+           // server_login_retry (15 s by default) once a login to the server has failed.
+           .check_url = "postgresql:///idem_test?host=" + server.path() + "&port=" + port +
+                        "&user=postgres&table=idem_soak"},
        logs.path());
 }
 #endif
@@ -353,12 +353,12 @@ TEST(CrashSoak, RedisTls) {
   const int tls_port = unused_port();
   PrivateRedis server({"--appendonly", "yes", "--appendfsync", "always", "--tls-port",
                        std::to_string(tls_port), "--tls-cert-file", dir + "/server.crt",
-                       "--tls-key-file", dir + "/server.key", "--tls-ca-cert-file",
-                       dir + "/ca.crt", "--tls-auth-clients", "no"});
+                       "--tls-key-file", dir + "/server.key", "--tls-ca-cert-file", dir + "/ca.crt",
+                       "--tls-auth-clients", "no"});
   ASSERT_TRUE(server.ok());
   soak(Target{.name = "redis_tls",
-              .url = "rediss://127.0.0.1:" + std::to_string(tls_port) + "/0?timeout=300&tls_ca=" +
-                     dir + "/ca.crt",
+              .url = "rediss://127.0.0.1:" + std::to_string(tls_port) +
+                     "/0?timeout=300&tls_ca=" + dir + "/ca.crt",
               .kill_server = [&] { server.kill(); },
               .restart_server = [&] { server.restart(); },
               .pause_server = [&] { server.pause(); },
@@ -383,8 +383,8 @@ TEST(CrashSoak, RedisCluster) {
   std::string create = "redis-cli --cluster create";
   while (nodes.size() < 3) {
     auto node = std::make_unique<PrivateRedis>(std::vector<std::string>{
-        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-        "--cluster-node-timeout", "2000", "--appendonly", "yes", "--appendfsync", "always"});
+        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout",
+        "2000", "--appendonly", "yes", "--appendfsync", "always"});
     ASSERT_TRUE(node->ok());
     // A node's cluster bus listens on its port + 10000.
     if (node->port() > 65535 - 10000) continue;
@@ -394,8 +394,9 @@ TEST(CrashSoak, RedisCluster) {
     nodes.push_back(std::move(node));
   }
   const std::string created = logs.path() + "/cluster-create.log";
-  ASSERT_EQ(std::system((create + " --cluster-replicas 0 --cluster-yes >" + created + " 2>&1").c_str()),
-            0)
+  ASSERT_EQ(
+      std::system((create + " --cluster-replicas 0 --cluster-yes >" + created + " 2>&1").c_str()),
+      0)
       << std::ifstream(created).rdbuf();
   const auto cluster_ok = [&] {
     for (const auto& node : nodes) {

@@ -22,14 +22,14 @@ inline bool servers_required() {
 
 // Skips the test when `present` is false, naming `what` is missing; fails it instead under
 // IDEM_REQUIRE_SERVERS=1. For a TEST body or a fixture's SetUp (it returns from either).
-#define IDEM_SKIP_OR_FAIL_UNLESS(present, what)                                          \
-  do {                                                                                   \
-    if (!(present)) {                                                                    \
-      if (::idem::testing::servers_required()) {                                         \
-        FAIL() << "IDEM_REQUIRE_SERVERS=1 but " << (what);                               \
-      }                                                                                  \
-      GTEST_SKIP() << (what);                                                            \
-    }                                                                                    \
+#define IDEM_SKIP_OR_FAIL_UNLESS(present, what)            \
+  do {                                                     \
+    if (!(present)) {                                      \
+      if (::idem::testing::servers_required()) {           \
+        FAIL() << "IDEM_REQUIRE_SERVERS=1 but " << (what); \
+      }                                                    \
+      GTEST_SKIP() << (what);                              \
+    }                                                      \
   } while (0)
 
 // A global environment for an executable whose every test needs the server whose URL is in
@@ -46,8 +46,7 @@ class ServerEnvironment : public ::testing::Environment {
     const char* value = std::getenv(variable_.c_str());
     if (value != nullptr && *value != '\0') return;
     if (servers_required()) {
-      std::cerr << "IDEM_REQUIRE_SERVERS=1 but " << variable_ << " is not set (" << hint_
-                << ")\n";
+      std::cerr << "IDEM_REQUIRE_SERVERS=1 but " << variable_ << " is not set (" << hint_ << ")\n";
       std::exit(1);
     }
     GTEST_SKIP() << variable_ << " is not set (" << hint_ << ")";

@@ -216,8 +216,8 @@ inline std::map<std::string, std::string> run_race(const std::string& url, int w
 
 // Reads the files the "race" workers wrote and checks that every key ran exactly once and
 // every other worker replayed that run's payload. Returns key -> the payload of its run.
-inline std::map<std::string, std::string> check_race_outputs(
-    const std::vector<std::string>& files, int keys) {
+inline std::map<std::string, std::string> check_race_outputs(const std::vector<std::string>& files,
+                                                             int keys) {
   std::map<std::string, std::vector<std::string>> ran;       // key -> payloads of runs
   std::map<std::string, std::vector<std::string>> replayed;  // key -> payloads replayed
   for (const std::string& file : files) {
@@ -345,8 +345,9 @@ inline void check_callers_hours_apart_agree(const std::string& url, Store& store
   EXPECT_LE(remaining, 60000);
 
   // The caller ahead is fenced; the thief completes with a short TTL.
-  EXPECT_EQ(run_skewed(kAhead, {"complete", url, "k", std::to_string(ahead_token), "ahead", "1500"}),
-            "fenced");
+  EXPECT_EQ(
+      run_skewed(kAhead, {"complete", url, "k", std::to_string(ahead_token), "ahead", "1500"}),
+      "fenced");
   EXPECT_EQ(
       run_skewed(kBehind, {"complete", url, "k", std::to_string(behind_token), "behind", "1500"}),
       "done");

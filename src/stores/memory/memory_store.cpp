@@ -75,15 +75,14 @@ struct MemoryStore::Impl {
   Locked lock(std::string_view scope, std::string_view key) {
     thread_local std::string id;
     detail::encode_record_id(id, scope, key);
-    Shard& shard = shards[Hash{}(id) & mask];
+    Shard& shard = shards[Hash{}(id)&mask];
     return Locked{std::unique_lock(shard.mu), shard, id};
   }
 
   Token next_token() { return last_token.fetch_add(1, std::memory_order_relaxed) + 1; }
 };
 
-MemoryStore::MemoryStore(MemoryStoreOptions options)
-    : impl_(std::make_unique<Impl>(options)) {}
+MemoryStore::MemoryStore(MemoryStoreOptions options) : impl_(std::make_unique<Impl>(options)) {}
 
 MemoryStore::~MemoryStore() = default;
 
@@ -98,9 +97,8 @@ std::size_t MemoryStore::size() const {
   return n;
 }
 
-AcquireResult MemoryStore::do_acquire(std::string_view scope, std::string_view key,
-                                      Duration lease, Duration ttl,
-                                      std::optional<std::string_view> fingerprint) {
+AcquireResult MemoryStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
+                                      Duration ttl, std::optional<std::string_view> fingerprint) {
   auto [lock, shard, id] = impl_->lock(scope, key);
   const Timestamp now = impl_->clock->now();
   auto it = shard.records.find(std::string_view(id));

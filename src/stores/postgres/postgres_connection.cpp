@@ -309,7 +309,8 @@ Connection::Connection(const std::vector<std::pair<std::string, std::string>>& p
   }
   // A library prints nothing: the server's notices and warnings (e.g. "terminating
   // connection due to immediate shutdown command") are dropped; failures arrive as errors.
-  PQsetNoticeReceiver(conn_.get(), [](void*, const PGresult*) {}, nullptr);
+  PQsetNoticeReceiver(
+      conn_.get(), [](void*, const PGresult*) {}, nullptr);
   // Never block in a send: a dead network must not outlast the deadline.
   if (PQsetnonblocking(conn_.get(), 1) != 0) {
     throw PgError(store_, "cannot connect: " + one_line(PQerrorMessage(conn_.get())), "");
@@ -372,8 +373,7 @@ bool Connection::alive_when_idle() {
 void Connection::fail(const Failure& f) {
   if (f.connection_lost) broken_ = true;
   // An error inside a transaction block, or a lost connection, leaves it unusable.
-  if (PQstatus(conn_.get()) != CONNECTION_OK ||
-      PQtransactionStatus(conn_.get()) != PQTRANS_IDLE) {
+  if (PQstatus(conn_.get()) != CONNECTION_OK || PQtransactionStatus(conn_.get()) != PQTRANS_IDLE) {
     broken_ = true;
   }
   throw PgError(store_, f.reason, f.sqlstate, f.not_executed);
@@ -393,21 +393,24 @@ std::string Connection::timeout_reason(const char* doing) const {
                "the pooler's pool for this database and user must be at least " +
                pool + " times the processes that share it " + sizing;
       case Pooler::kUnknown:
-        return out + ": a new connection got no reply at all to its first statement; if a "
-                     "pooler (PgBouncer) sits in front of PostgreSQL, this is the wait for a "
-                     "server connection, and the pooler's pool for this database and user must "
-                     "be at least " +
+        return out +
+               ": a new connection got no reply at all to its first statement; if a "
+               "pooler (PgBouncer) sits in front of PostgreSQL, this is the wait for a "
+               "server connection, and the pooler's pool for this database and user must "
+               "be at least " +
                pool + " times the processes that share it " + sizing +
                "; otherwise the server is not answering";
       case Pooler::kNone:
-        return out + ": a new connection got no reply at all to its first statement (the "
-                     "server is not answering)";
+        return out +
+               ": a new connection got no reply at all to its first statement (the "
+               "server is not answering)";
     }
   }
   if (use_.pooler == Pooler::kPresent && !use_.own_session) {
-    out += " (behind a transaction pooler this includes waiting for a server connection: a "
-           "pool smaller than the transactions that want one at once makes them queue " +
-           sizing + ")";
+    out +=
+        " (behind a transaction pooler this includes waiting for a server connection: a "
+        "pool smaller than the transactions that want one at once makes them queue " +
+        sizing + ")";
   }
   return out;
 }
@@ -605,8 +608,8 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
     }
     if (status == PGRES_PIPELINE_ABORTED) continue;
     // After the last command: the Sync's own result, an error when the commit it made failed.
-    const Command cmd = command < commands.size() ? commands[command]
-                                                  : Command{steps.size() - 1, false};
+    const Command cmd =
+        command < commands.size() ? commands[command] : Command{steps.size() - 1, false};
     if (status == PGRES_FATAL_ERROR || status == PGRES_BAD_RESPONSE ||
         status == PGRES_NONFATAL_ERROR) {
       if (failed) continue;
@@ -687,9 +690,9 @@ Result Connection::run(const std::vector<Step>& steps, std::size_t result_of, De
     Attempt a = attempt(steps, parse, result_of, use_.named && !by_text, deadline);
     if (a.ok) return std::move(a.result);
     const std::string& state = a.failure.sqlstate;
-    const bool retry = !by_text && use_.named && !a.failure.connection_lost &&
-                       ((state == "26000" && !a.failed_in_parse) ||
-                        (state == "42P05" && a.failed_in_parse));
+    const bool retry =
+        !by_text && use_.named && !a.failure.connection_lost &&
+        ((state == "26000" && !a.failed_in_parse) || (state == "42P05" && a.failed_in_parse));
     if (!retry) fail(a.failure);
     // The steps before the failed one ran, so this server session has them; it probably
     // lacks (26000) or has (42P05) the rest as it does the failed one, since the store's

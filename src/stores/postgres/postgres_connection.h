@@ -225,8 +225,8 @@ class Connection {
   Duration timeout_;
   SessionUse use_;
   bool broken_ = false;
-  bool answered_ = false;          // the server has answered something on this connection
-  bool cancel_on_close_ = false;   // a statement may still run on the server: cancel it
+  bool answered_ = false;         // the server has answered something on this connection
+  bool cancel_on_close_ = false;  // a statement may still run on the server: cancel it
   std::unordered_set<std::string> prepared_;  // names this session has (own_session only)
 };
 

@@ -61,8 +61,8 @@ Pool::Lease Pool::borrow(Deadline deadline, bool fresh) {
         throw;
       }
     }
-    if (freed_.wait_until(lock, deadline) == std::cv_status::timeout &&
-        (fresh || idle_.empty()) && open_ >= size_) {
+    if (freed_.wait_until(lock, deadline) == std::cv_status::timeout && (fresh || idle_.empty()) &&
+        open_ >= size_) {
       throw StoreUnavailable(store_, "timed out after " + std::to_string(timeout_.count()) +
                                          " ms waiting for a free connection (all " +
                                          std::to_string(size_) + " of the pool are in use)");

@@ -56,9 +56,14 @@ constexpr const char* kLive =
 
 Sql::Sql(const TableNames& names) {
   const std::initializer_list<std::pair<std::string_view, std::string>> common = {
-      {"live", kLive},         {"t", names.table()}, {"seq", names.sequence()},
-      {"now", kNow},           {"ms", kMs},          {"relaxed", kRelaxed},
-      {"cols", kRecordColumns}, {"index", names.purge_index()}};
+      {"live", kLive},
+      {"t", names.table()},
+      {"seq", names.sequence()},
+      {"now", kNow},
+      {"ms", kMs},
+      {"relaxed", kRelaxed},
+      {"cols", kRecordColumns},
+      {"index", names.purge_index()}};
   auto sql = [&](std::string text) {
     // {live} and {take_over} hold {now}, so they are filled first.
     text = fill(std::move(text), {{"live", kLive}, {"take_over", kTakeOver}});
@@ -101,10 +106,11 @@ won AS (
 SELECT {cols}, {now}, 0::smallint FROM won
 UNION ALL
 SELECT {cols}, {now}, 1::smallint FROM live{locked})sql";
-  acquire = sql(fill(kAcquire, {{"lock", "pg_advisory_xact_lock($6)"}, {"got", ""}, {"locked", ""}}));
-  acquire_nowait = sql(fill(kAcquire, {{"lock", "pg_try_advisory_xact_lock($6) AS got"},
-                                       {"got", " WHERE got"},
-                                       {"locked", R"sql(
+  acquire =
+      sql(fill(kAcquire, {{"lock", "pg_advisory_xact_lock($6)"}, {"got", ""}, {"locked", ""}}));
+  acquire_nowait = sql(fill(
+      kAcquire,
+      {{"lock", "pg_try_advisory_xact_lock($6) AS got"}, {"got", " WHERE got"}, {"locked", R"sql(
 UNION ALL
 SELECT NULL::smallint, NULL::bigint, NULL::integer, NULL::timestamptz, NULL::timestamptz,
        NULL::timestamptz, NULL::timestamptz, NULL::bytea, NULL::bytea, {now}, 2::smallint
@@ -171,16 +177,16 @@ RETURNING b.i)sql");
   completed_by =
       sql("SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 1");
 
-  release = sql(
-      "DELETE FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0 "
-      "RETURNING {relaxed}");
+  release =
+      sql("DELETE FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0 "
+          "RETURNING {relaxed}");
 
   // SPEC §4: extend does not touch expires_at, but a longer lease can push purge_after out.
-  extend = sql(
-      "UPDATE {t} SET lease_expires_at = {now} + $4 {ms}, "
-      "purge_after = greatest(expires_at, {now} + $4 {ms}) "
-      "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0 "
-      "RETURNING lease_expires_at, {now}, {relaxed}");
+  extend =
+      sql("UPDATE {t} SET lease_expires_at = {now} + $4 {ms}, "
+          "purge_after = greatest(expires_at, {now} + $4 {ms}) "
+          "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0 "
+          "RETURNING lease_expires_at, {now}, {relaxed}");
 
   // The heartbeat's batch in one statement: the arrays are joined to the table through its
   // primary key, so n leases cost one commit, not n.
@@ -224,8 +230,9 @@ CREATE TABLE {t} (
   payload          bytea,
   PRIMARY KEY (scope, key));
 CREATE INDEX {index} ON {t} (purge_after);
-)sql") + "COMMENT ON TABLE " + names.table() + " IS '" + kSchemaCommentPrefix +
-                  std::to_string(kSchemaVersion) + "';";
+)sql") + "COMMENT ON TABLE " +
+                  names.table() + " IS '" + kSchemaCommentPrefix + std::to_string(kSchemaVersion) +
+                  "';";
 }
 
 namespace {

@@ -18,8 +18,8 @@
 #include "idem/error.h"
 #include "stores/postgres/postgres_batcher.h"
 #include "stores/postgres/postgres_connection.h"
-#include "stores/postgres/postgres_pool.h"
 #include "stores/postgres/postgres_operations.h"
+#include "stores/postgres/postgres_pool.h"
 #include "stores/postgres/postgres_schema.h"
 #include "stores/postgres/postgres_server.h"
 #include "stores/postgres/postgres_url.h"
@@ -27,36 +27,36 @@
 namespace idem {
 namespace {
 
-using postgres::Col;
-using postgres::Connection;
-using postgres::Deadline;
-using postgres::Params;
-using postgres::PgError;
-using postgres::Pool;
-using postgres::Pooler;
-using postgres::Result;
-using postgres::SessionUse;
-using postgres::Statement;
-using postgres::SteadyClock;
-using postgres::TableNames;
 using postgres::AcquireBatcher;
 using postgres::AcquireRequest;
+using postgres::Col;
 using postgres::CompleteBatcher;
 using postgres::CompleteRequest;
-using postgres::Fnv1a;
-using postgres::ReadBatcher;
-using postgres::ReadRequest;
-using postgres::Row;
-using postgres::Statements;
+using postgres::Connection;
+using postgres::Deadline;
 using postgres::describe_of;
+using postgres::Fnv1a;
 using postgres::id_of;
 using postgres::live_answer;
 using postgres::param_value;
+using postgres::Params;
 using postgres::parse_conninfo;
 using postgres::parse_table;
+using postgres::PgError;
+using postgres::Pool;
+using postgres::Pooler;
+using postgres::ReadBatcher;
+using postgres::ReadRequest;
 using postgres::record_id;
+using postgres::Result;
+using postgres::Row;
 using postgres::row_of;
+using postgres::SessionUse;
 using postgres::set_param;
+using postgres::Statement;
+using postgres::Statements;
+using postgres::SteadyClock;
+using postgres::TableNames;
 using postgres::valid_identifier;
 
 // Requests per batched statement, and the largest payload a batched complete carries (a
@@ -98,7 +98,7 @@ struct PostgresStore::Impl {
   std::unique_ptr<Statements> st;
   SessionUse use;
   std::string session_setup;  // run once on each connection whose session is its own
-  Fnv1a table_hash;  // the start of every advisory lock id of this table
+  Fnv1a table_hash;           // the start of every advisory lock id of this table
   std::unique_ptr<Pool> pool;
   std::atomic<int> absent_score{0};
   ReadBatcher reads{kMaxBatch, kMaxBatchesInFlight, &id_of<ReadRequest>};
@@ -108,8 +108,8 @@ struct PostgresStore::Impl {
   explicit Impl(PostgresStoreOptions o) : options(std::move(o)) {
     if (options.pool_size == 0) throw InvalidArgument("pool_size", "must be at least 1");
     if (options.timeout <= Duration::zero()) {
-      throw InvalidArgument("timeout", "must be positive, got " +
-                                           std::to_string(options.timeout.count()) + " ms");
+      throw InvalidArgument(
+          "timeout", "must be positive, got " + std::to_string(options.timeout.count()) + " ms");
     }
     const bool default_table = options.table == PostgresStoreOptions{}.table;
     names = parse_table(options.table);
@@ -124,11 +124,12 @@ struct PostgresStore::Impl {
     // "Deploying").
     use.named = options.statements == PostgresStatements::kPrepared;
     use.pool_size = options.pool_size;
-    session_setup = postgres::session_settings(options.timeout, options.asynchronous_commit,
-                                               options.read_only);
+    session_setup =
+        postgres::session_settings(options.timeout, options.asynchronous_commit, options.read_only);
 
     const Deadline deadline = SteadyClock::now() + options.timeout;
-    auto first = std::make_unique<Connection>(conn_params, describe, options.timeout, use, deadline);
+    auto first =
+        std::make_unique<Connection>(conn_params, describe, options.timeout, use, deadline);
     inspect_server(*first, deadline);
     first->set_use(use);
     if (use.own_session) first->exec(session_setup, deadline);
@@ -173,18 +174,20 @@ struct PostgresStore::Impl {
             : "SELECT pg_backend_pid(), pg_is_in_recovery(), current_schema(), 1",
         deadline);
     if (r.text(0, 3) == "0") {
-      c.fail({"the server's advisory locks do not lock (one taken does not show in pg_locks), "
-              "and the store's order of tokens per key rests on them (" +
-                  version + ")" + refuse_hint,
-              "", false});
+      c.fail(
+          {"the server's advisory locks do not lock (one taken does not show in pg_locks), "
+           "and the store's order of tokens per key rests on them (" +
+               version + ")" + refuse_hint,
+           "", false});
     }
     if (r.text(0, 1) == "t") {
       if (!options.read_only) {
-        c.fail({"the server is a hot standby (pg_is_in_recovery() is true), which only serves "
-                "reads: point the URL at the primary (with several hosts, add "
-                "target_session_attrs=read-write), or open the store read-only to read records "
-                "that may lag the primary's",
-                "", false});
+        c.fail(
+            {"the server is a hot standby (pg_is_in_recovery() is true), which only serves "
+             "reads: point the URL at the primary (with several hosts, add "
+             "target_session_attrs=read-write), or open the store read-only to read records "
+             "that may lag the primary's",
+             "", false});
       }
       describe += " (read-only hot standby: its records may lag the primary's)";
     }
@@ -204,9 +207,10 @@ struct PostgresStore::Impl {
     }
     if (names.schema.empty()) {
       if (r.is_null(0, 2)) {
-        c.fail({"no current schema (the search_path names none that exists); give the "
-                "table as schema.name",
-                "", false});
+        c.fail(
+            {"no current schema (the search_path names none that exists); give the "
+             "table as schema.name",
+             "", false});
       }
       names.schema = r.text(0, 2);
       if (!valid_identifier(names.schema)) {
@@ -237,9 +241,11 @@ struct PostgresStore::Impl {
   // or is newer than this build, without touching it.
   int table_version(Connection& c, Deadline deadline) {
     const std::string regclass = "'" + names.table() + "'";
-    Result r = c.exec("SELECT c.relkind, obj_description(c.oid, 'pg_class') FROM pg_class c "
-                      "WHERE c.oid = to_regclass(" + regclass + ")",
-                      deadline);
+    Result r = c.exec(
+        "SELECT c.relkind, obj_description(c.oid, 'pg_class') FROM pg_class c "
+        "WHERE c.oid = to_regclass(" +
+            regclass + ")",
+        deadline);
     if (r.rows() == 0) return 0;
     const std::string comment = r.is_null(0, 1) ? std::string() : r.text(0, 1);
     const std::string prefix = postgres::kSchemaCommentPrefix;
@@ -325,8 +331,7 @@ struct PostgresStore::Impl {
   static void answer(const Result& r, int position, const std::vector<Entry*>& batch,
                      bool with_outcome) {
     for (int row = 0; row < r.rows(); ++row) {
-      const std::size_t at =
-          position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
+      const std::size_t at = position < 0 ? 0 : static_cast<std::size_t>(r.int8(row, position) - 1);
       if (at < batch.size()) batch[at]->response = row_of(r, row, with_outcome);
     }
   }
@@ -494,12 +499,12 @@ AcquireResult PostgresStore::do_acquire(std::string_view scope, std::string_view
       }
     }
   }
-  const AcquireRequest q{scope, key, lease, ttl, fingerprint, s.lock_id(scope, key),
-                         record_id(scope, key)};
+  const AcquireRequest q{
+      scope, key, lease, ttl, fingerprint, s.lock_id(scope, key), record_id(scope, key)};
   for (int round = 0; round < kMaxAcquireRounds; ++round) {
-    std::optional<Row> r = s.acquires.submit(
-        q, deadline, s.describe, s.options.timeout,
-        [&](const auto& batch) { s.run_acquires(batch, deadline); });
+    std::optional<Row> r =
+        s.acquires.submit(q, deadline, s.describe, s.options.timeout,
+                          [&](const auto& batch) { s.run_acquires(batch, deadline); });
     if (!r) continue;  // another caller made the record live meanwhile: run it again
     if (r->outcome == postgres::kOutcomeLive) {
       s.note(true);
@@ -522,9 +527,8 @@ WriteResult PostgresStore::do_complete(std::string_view scope, std::string_view 
   const CompleteRequest q{scope, key, token, payload, ttl, record_id(scope, key)};
   const bool done =
       payload.size() > kMaxBatchedPayload
-          ? s.with_connection(deadline, [&](Connection& c, Deadline d) {
-              return s.complete_one(c, q, d);
-            })
+          ? s.with_connection(deadline,
+                              [&](Connection& c, Deadline d) { return s.complete_one(c, q, d); })
           : s.completes.submit(q, deadline, s.describe, s.options.timeout,
                                [&](const auto& batch) { s.run_completes(batch, deadline); });
   if (done) return WriteResult::kDone;
@@ -552,13 +556,10 @@ ExtendResult PostgresStore::do_extend(std::string_view scope, std::string_view k
                                       Duration lease) {
   Impl& s = *impl_;
   return s.with_connection([&](Connection& c, Deadline deadline) {
-    Result r = s.run(c, s.st->extend,
-                     Params()
-                         .bytes(scope)
-                         .bytes(key)
-                         .int8(static_cast<std::int64_t>(token))
-                         .int8(lease.count()),
-                     Access::kWrite, deadline);
+    Result r = s.run(
+        c, s.st->extend,
+        Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)).int8(lease.count()),
+        Access::kWrite, deadline);
     if (r.rows() == 0) return ExtendResult{};
     const Timestamp deadline_at = r.time(0, 0);
     return ExtendResult{WriteResult::kDone, deadline_at, deadline_at - r.time(0, 1)};
@@ -625,8 +626,7 @@ std::size_t PostgresStore::do_purge(std::size_t limit) {
 }
 
 std::optional<Record> PostgresStore::do_get(std::string_view scope, std::string_view key) {
-  std::optional<Row> r =
-      impl_->read(scope, key, SteadyClock::now() + impl_->options.timeout);
+  std::optional<Row> r = impl_->read(scope, key, SteadyClock::now() + impl_->options.timeout);
   if (!r) return std::nullopt;
   Record rec;
   const bool complete = r->state == postgres::kStateComplete;
@@ -675,8 +675,8 @@ void check_caller(PGconn* conn, const std::string& store) {
     case PQTRANS_UNKNOWN:
       break;
   }
-  throw StoreUnavailable(store, "the caller's connection is broken: " +
-                                    std::string(PQerrorMessage(conn)));
+  throw StoreUnavailable(store,
+                         "the caller's connection is broken: " + std::string(PQerrorMessage(conn)));
 }
 
 }  // namespace
@@ -751,8 +751,9 @@ void PostgresStore::do_begin(const SqlConnection& conn) {
   PGconn* pg = conn.pg();
   if (PQtransactionStatus(pg) != PQTRANS_IDLE) {
     if (PQtransactionStatus(pg) == PQTRANS_UNKNOWN) check_caller(pg, impl_->describe);
-    throw InvalidArgument("connection", "is inside a transaction already; run_in_transaction "
-                                        "begins and commits its own");
+    throw InvalidArgument("connection",
+                          "is inside a transaction already; run_in_transaction "
+                          "begins and commits its own");
   }
   (void)postgres::run_on_caller(pg, "BEGIN", nullptr, {}, impl_->describe);
 }
@@ -761,7 +762,8 @@ void PostgresStore::do_commit(const SqlConnection& conn) {
   PGconn* pg = conn.pg();
   const Result r = postgres::run_on_caller(pg, "COMMIT", nullptr, {}, impl_->describe);
   // A transaction that had failed answers COMMIT with ROLLBACK.
-  if (PQtransactionStatus(pg) == PQTRANS_IDLE && std::string_view(PQcmdStatus(r.raw())) == "COMMIT") {
+  if (PQtransactionStatus(pg) == PQTRANS_IDLE &&
+      std::string_view(PQcmdStatus(r.raw())) == "COMMIT") {
     return;
   }
   do_rollback(conn);

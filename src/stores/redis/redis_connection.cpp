@@ -219,8 +219,7 @@ std::string link_send(Link& l, std::vector<iovec>& iov, Duration timeout) {
     batch.reserve(total);
     for (const iovec& v : iov) batch.append(static_cast<const char*>(v.iov_base), v.iov_len);
   }
-  if (!batch.empty() &&
-      SSL_write(l.tls.get(), batch.data(), static_cast<int>(batch.size())) <= 0) {
+  if (!batch.empty() && SSL_write(l.tls.get(), batch.data(), static_cast<int>(batch.size())) <= 0) {
     return "TLS: cannot encrypt the request: " + openssl_errors();
   }
   return tls_flush(l, timeout);
@@ -270,9 +269,9 @@ std::string ask_sentinels(const ConnectionSettings& s, std::string& host, int& p
       continue;
     }
     redisSetTimeout(c.get(), to_timeval(s.connect_timeout));
-    const Reply r(static_cast<redisReply*>(redisCommand(c.get(), "SENTINEL get-master-addr-by-name %b",
-                                                        s.sentinel_service.data(),
-                                                        s.sentinel_service.size())));
+    const Reply r(static_cast<redisReply*>(
+        redisCommand(c.get(), "SENTINEL get-master-addr-by-name %b", s.sentinel_service.data(),
+                     s.sentinel_service.size())));
     if (!r) {
       failures += at + ": " + context_error(c.get(), s.connect_timeout);
       continue;
@@ -310,21 +309,23 @@ std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls) {
   if (tls.verify) {
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
     if (!tls.ca_file.empty() || !tls.ca_dir.empty()) {
-      if (SSL_CTX_load_verify_locations(ctx.get(), tls.ca_file.empty() ? nullptr : tls.ca_file.c_str(),
+      if (SSL_CTX_load_verify_locations(ctx.get(),
+                                        tls.ca_file.empty() ? nullptr : tls.ca_file.c_str(),
                                         tls.ca_dir.empty() ? nullptr : tls.ca_dir.c_str()) != 1) {
-        throw InvalidArgument("Redis tls_ca / tls_ca_dir",
-                              "cannot load CA certificates from '" + tls.ca_file + tls.ca_dir +
-                                  "': " + openssl_errors());
+        throw InvalidArgument("Redis tls_ca / tls_ca_dir", "cannot load CA certificates from '" +
+                                                               tls.ca_file + tls.ca_dir +
+                                                               "': " + openssl_errors());
       }
     } else if (SSL_CTX_set_default_verify_paths(ctx.get()) != 1) {
-      throw InvalidArgument("Redis TLS", "cannot load the system's CA certificates: " +
-                                             openssl_errors());
+      throw InvalidArgument("Redis TLS",
+                            "cannot load the system's CA certificates: " + openssl_errors());
     }
   } else {
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_NONE, nullptr);
   }
   if (tls.cert_file.empty() != tls.key_file.empty()) {
-    throw InvalidArgument("Redis tls_cert / tls_key", "give both a client certificate and its key, or neither");
+    throw InvalidArgument("Redis tls_cert / tls_key",
+                          "give both a client certificate and its key, or neither");
   }
   if (!tls.cert_file.empty()) {
     if (SSL_CTX_use_certificate_chain_file(ctx.get(), tls.cert_file.c_str()) != 1) {
@@ -333,8 +334,10 @@ std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls) {
     }
     if (SSL_CTX_use_PrivateKey_file(ctx.get(), tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
         SSL_CTX_check_private_key(ctx.get()) != 1) {
-      throw InvalidArgument("Redis tls_key", "cannot load the client key (or it does not match "
-                                             "the certificate): " + openssl_errors());
+      throw InvalidArgument("Redis tls_key",
+                            "cannot load the client key (or it does not match "
+                            "the certificate): " +
+                                openssl_errors());
     }
   }
   return ctx;
@@ -366,8 +369,9 @@ std::string explain_server_error(std::string_view message) {
   } else if (code == "CLUSTERDOWN") {
     cause = "the Redis Cluster is down (a slot has no primary that answers)";
   } else if (code == "MOVED" || code == "ASK" || code == "CROSSSLOT" || code == "TRYAGAIN") {
-    cause = "Redis Cluster redirection (a redis:// URL talks to one node: open a cluster with "
-            "redis+cluster://host:port,host:port)";
+    cause =
+        "Redis Cluster redirection (a redis:// URL talks to one node: open a cluster with "
+        "redis+cluster://host:port,host:port)";
   } else {
     cause = "server error";
   }
@@ -421,7 +425,9 @@ std::string Connection::connect_now(ScriptShas* shas) {
   return {};
 }
 
-void Connection::start() { thread_ = std::thread([this] { loop(); }); }
+void Connection::start() {
+  thread_ = std::thread([this] { loop(); });
+}
 
 std::string Connection::last_error() const {
   std::lock_guard lock(mu_);
@@ -550,8 +556,8 @@ Context Connection::handshake(std::string& error, ScriptShas* shas) const {
       }
     } else if (step == "INFO") {
       if (failure.empty()) {
-        failure = eviction_refusal(r->type == REDIS_REPLY_STRING ? reply_text(*r)
-                                                                 : std::string_view());
+        failure =
+            eviction_refusal(r->type == REDIS_REPLY_STRING ? reply_text(*r) : std::string_view());
       }
     } else if (step == "SCRIPT LOAD") {
       if (shas != nullptr && r->type == REDIS_REPLY_STRING) {
@@ -579,8 +585,8 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
     commands += call->commands;
   }
   if (wait) {
-    iov.push_back({const_cast<char*>(settings_.wait_command.data()),
-                   settings_.wait_command.size()});
+    iov.push_back(
+        {const_cast<char*>(settings_.wait_command.data()), settings_.wait_command.size()});
     ++commands;
   }
   round_trips_.fetch_add(1, std::memory_order_relaxed);
@@ -618,7 +624,8 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
     if (error.empty()) {
       const bool counted = r->type == REDIS_REPLY_INTEGER;
       const std::string why =
-          counted ? std::string() : "WAIT for replicas failed: " + explain_server_error(reply_text(*r));
+          counted ? std::string()
+                  : "WAIT for replicas failed: " + explain_server_error(reply_text(*r));
       for (auto& [call, replies] : waiting) {
         finish(*call, std::move(replies), counted ? r->integer : -1, why);
       }
@@ -633,8 +640,8 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
     }
     return {};
   }
-  const std::string lost =
-      "connection lost: " + error + " (the request was sent, so it may or may not have taken effect)";
+  const std::string lost = "connection lost: " + error +
+                           " (the request was sent, so it may or may not have taken effect)";
   for (auto& [call, replies] : waiting) finish(*call, {}, -1, lost);
   for (std::size_t i = answered; i < batch.size(); ++i) finish(*batch[i], {}, -1, lost);
   return error;

@@ -78,7 +78,7 @@ std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls);
 using ScriptShas = std::array<std::string, kScriptCount>;
 
 struct ConnectionSettings {
-  std::string host;    // TCP, when socket is empty
+  std::string host;  // TCP, when socket is empty
   int port = 6379;
   // TLS on TCP connections when set (rediss://).
   std::shared_ptr<SSL_CTX> tls_context;
@@ -107,7 +107,7 @@ struct ConnectionSettings {
 // One request: one or more commands and, once done, their replies in order.
 class Call {
  public:
-  std::string request;      // RESP-formatted commands
+  std::string request;       // RESP-formatted commands
   std::size_t commands = 0;  // how many replies the request expects
   bool wait_replicas = false;
 
@@ -166,8 +166,7 @@ class Connection {
   std::string round_trip(std::vector<std::shared_ptr<Call>>& batch);
   void loop();
   // Hands a call its outcome and wakes its caller, unless the caller gave up on it.
-  static void finish(Call& call, std::vector<Reply>&& replies, long long acked,
-                     std::string error);
+  static void finish(Call& call, std::vector<Reply>&& replies, long long acked, std::string error);
   void fail_queued(const std::string& reason);  // REQUIRES: mu_ held
   void broke(const std::string& reason);        // REQUIRES: mu_ held
 
@@ -175,8 +174,8 @@ class Connection {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Context ctx_;           // used only by whoever holds busy_; replaced under mu_
-  bool busy_ = false;     // a round trip is in flight (the loop's or a caller's)
+  Context ctx_;        // used only by whoever holds busy_; replaced under mu_
+  bool busy_ = false;  // a round trip is in flight (the loop's or a caller's)
   bool stop_ = false;
   std::vector<std::shared_ptr<Call>> queue_;
   std::string last_error_;

@@ -128,8 +128,7 @@ void append_record_key(std::string& out, std::string_view prefix, std::string_vi
 
 std::string token_key(std::string_view prefix) { return std::string(prefix) + "tokens"; }
 
-std::size_t record_key_size(std::string_view prefix, std::string_view scope,
-                            std::string_view key) {
+std::size_t record_key_size(std::string_view prefix, std::string_view scope, std::string_view key) {
   return prefix.size() + escaped_size(scope) + escaped_size(key) + 3;
 }
 
@@ -189,7 +188,8 @@ std::optional<StoredRecord> decode_record(std::string_view value) {
   if (value.size() < kHeaderBytes) return std::nullopt;
   StoredRecord r;
   r.kind = value[0];
-  if (r.kind != kKindInProgress && r.kind != kKindComplete && r.kind != kKindTombstone) return std::nullopt;
+  if (r.kind != kKindInProgress && r.kind != kKindComplete && r.kind != kKindTombstone)
+    return std::nullopt;
   r.token = read_u64(value, 1);
   r.at = static_cast<std::int64_t>(read_u64(value, 9));
   r.lease_expires_at = static_cast<std::int64_t>(read_u64(value, 17));

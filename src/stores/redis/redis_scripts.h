@@ -33,8 +33,9 @@ struct ScriptSource {
   const char* body;
 };
 
-// KEYS: the record, the token key. ARGV: lease ms, ttl ms, fingerprint section. Replies: a COMPLETE value (Replay); {now, value} (Busy); the new
-// IN_PROGRESS record's header and fingerprint (Acquired; its attempt > 1 means stolen).
+// KEYS: the record, the token key. ARGV: lease ms, ttl ms, fingerprint section. Replies: a COMPLETE
+// value (Replay); {now, value} (Busy); the new IN_PROGRESS record's header and fingerprint
+// (Acquired; its attempt > 1 means stolen).
 //
 // The token key is read and written with one SET ... GET: the common case (the clock moved
 // on since the last token) costs one command. Only when the clock is behind the largest

@@ -9,8 +9,8 @@
 #include <numeric>
 #include <optional>
 #include <shared_mutex>
-#include <thread>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -94,8 +94,8 @@ std::string describe_options(const RedisStoreOptions& o) {
 void validate(const RedisStoreOptions& o) {
   auto positive = [](const char* name, Duration d) {
     if (d <= Duration::zero() || d > kMaxDuration) {
-      throw InvalidArgument(name, "must be 1 ms to 365 days, got " + std::to_string(d.count()) +
-                                      " ms");
+      throw InvalidArgument(name,
+                            "must be 1 ms to 365 days, got " + std::to_string(d.count()) + " ms");
     }
   };
   if (o.prefix.find_first_of("{}") != std::string::npos) {
@@ -103,15 +103,16 @@ void validate(const RedisStoreOptions& o) {
                           "must not contain '{' or '}' (each record key carries its own hash tag)");
   }
   if (o.topology == RedisTopology::kStandalone) {
-    if (o.socket.empty() && o.host.empty()) throw InvalidArgument("Redis host", "must not be empty");
+    if (o.socket.empty() && o.host.empty())
+      throw InvalidArgument("Redis host", "must not be empty");
     if (o.socket.empty() && (o.port <= 0 || o.port > 65535)) {
       throw InvalidArgument("Redis port", "must be 1 to 65535, got " + std::to_string(o.port));
     }
   } else {
     if (o.addresses.empty()) {
-      throw InvalidArgument("Redis addresses",
-                            o.topology == RedisTopology::kSentinel ? "give at least one sentinel"
-                                                                   : "give at least one seed node");
+      throw InvalidArgument("Redis addresses", o.topology == RedisTopology::kSentinel
+                                                   ? "give at least one sentinel"
+                                                   : "give at least one seed node");
     }
     for (const auto& [h, p] : o.addresses) {
       if (h.empty() || p <= 0 || p > 65535) {
@@ -206,7 +207,7 @@ struct RedisStore::Impl {
   std::string describe;
   std::string token_key;  // redis_layout.h
   redis::ScriptShas shas;
-  Duration call_timeout;  // with WAIT's timeout when the store waits for replicas
+  Duration call_timeout;              // with WAIT's timeout when the store waits for replicas
   std::unique_ptr<redis::Pool> pool;  // standalone and Sentinel
   std::atomic<std::uint64_t> script_reloads{0};
 
@@ -235,8 +236,8 @@ struct RedisStore::Impl {
     s.port = o.port;
     s.socket = o.socket;
     if (o.tls) {
-      s.tls = redis::TlsSettings{o.tls_ca_file, o.tls_ca_dir, o.tls_cert_file, o.tls_key_file,
-                                 o.tls_server_name, o.tls_verify};
+      s.tls = redis::TlsSettings{o.tls_ca_file,  o.tls_ca_dir,      o.tls_cert_file,
+                                 o.tls_key_file, o.tls_server_name, o.tls_verify};
       s.tls_context = redis::make_tls_context(s.tls);
     }
     if (o.topology == RedisTopology::kSentinel) {
@@ -317,10 +318,10 @@ struct RedisStore::Impl {
         p.execute(call, call_timeout);
         const redisReply& r = *call->replies.front();
         if (r.type != REDIS_REPLY_ARRAY) {
-          failures += "; " + node + ": " +
-                      (r.type == REDIS_REPLY_ERROR
-                           ? redis::explain_server_error(text_of(r))
-                           : std::string("unexpected reply to CLUSTER SLOTS"));
+          failures +=
+              "; " + node + ": " +
+              (r.type == REDIS_REPLY_ERROR ? redis::explain_server_error(text_of(r))
+                                           : std::string("unexpected reply to CLUSTER SLOTS"));
           continue;
         }
         std::vector<std::string> owner(redis::kHashSlots);
@@ -525,7 +526,6 @@ struct RedisStore::Impl {
 
   [[noreturn]] void fail(const std::string& why) const { throw StoreUnavailable(describe, why); }
 
-
   // The key holds something other than an idem record: named, with the record it stands
   // for, never read as one (the other stores refuse a foreign database the same way).
   [[noreturn]] void foreign(std::string_view step, RecordRef r, std::string_view what) const {
@@ -570,9 +570,8 @@ struct RedisStore::Impl {
 
   // A record's Redis key, written straight into a request.
   void append_key(CommandWriter& w, RecordRef r) const {
-    w.arg_of(redis::record_key_size(o.prefix, r.scope, r.key), [&](std::string& out) {
-      redis::append_record_key(out, o.prefix, r.scope, r.key);
-    });
+    w.arg_of(redis::record_key_size(o.prefix, r.scope, r.key),
+             [&](std::string& out) { redis::append_record_key(out, o.prefix, r.scope, r.key); });
   }
 
   // EVALSHA of a script on one record key (and the token key, for acquire), or EVAL with
@@ -591,16 +590,14 @@ struct RedisStore::Impl {
       if (cluster) {
         // The token key of the record's slot: a script touches one slot only.
         const std::string& tag = slot_tags()[slot_of(record)];
-        w.arg_of(token_key.size() + tag.size() + 2, [&](std::string& o) {
-          o.append(token_key).append("{").append(tag).append("}");
-        });
+        w.arg_of(token_key.size() + tag.size() + 2,
+                 [&](std::string& o) { o.append(token_key).append("{").append(tag).append("}"); });
       } else {
         w.arg(token_key);
       }
     }
     (w.arg(args), ...);
   }
-
 
   // Sends `n` commands, the i-th written by append(out, i, by_body), as one call (one
   // round trip unless the server has lost a script). Throws StoreUnavailable.
@@ -689,8 +686,9 @@ struct RedisStore::Impl {
     if (rec && rec->kind == redis::kKindInProgress && rec->lease_expires_at > now) {
       return busy_of(*rec, now);
     }
-    fail("acquire needs a write here (the key is absent, expired or abandoned), and the store "
-         "was opened read-only");
+    fail(
+        "acquire needs a write here (the key is absent, expired or abandoned), and the store "
+        "was opened read-only");
   }
 
   // The peek script's reply: the server's now and the record, if any.
@@ -746,14 +744,17 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
     // A plain GET, then TIME in the same round trip: a COMPLETE record whose expires_at is
     // later than that TIME was live when the GET read it (SPEC §4: Replay), whatever its
     // key's own expiry says (the key may have lost it: PERSIST, RESTORE with TTL 0).
-    const Impl::Outcome got = m.run(2, [&](std::string& out, std::size_t i, bool) {
-      CommandWriter w(out);
-      if (i == 0) {
-        m.append_key(w.begin(2).arg("GET"), k);
-      } else {
-        w.begin(1).arg("TIME");
-      }
-    }, [&](std::size_t) { return k; });
+    const Impl::Outcome got = m.run(
+        2,
+        [&](std::string& out, std::size_t i, bool) {
+          CommandWriter w(out);
+          if (i == 0) {
+            m.append_key(w.begin(2).arg("GET"), k);
+          } else {
+            w.begin(1).arg("TIME");
+          }
+        },
+        [&](std::size_t) { return k; });
     const redisReply& r = *got.replies[0];
     if (r.type == REDIS_REPLY_STRING) {
       const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
@@ -776,8 +777,8 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
       },
       [&](std::size_t) { return k; }, /*wait_replicas=*/true);
   const redisReply& r = *out.replies.front();
-  if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 &&
-      r.element[0]->type == REDIS_REPLY_INTEGER && r.element[1]->type == REDIS_REPLY_STRING) {
+  if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 && r.element[0]->type == REDIS_REPLY_INTEGER &&
+      r.element[1]->type == REDIS_REPLY_STRING) {
     return m.busy_of(m.decode("acquire", *r.element[1], redis::kKindInProgress, k),
                      r.element[0]->integer);
   }
@@ -851,11 +852,16 @@ std::vector<ExtendResult> RedisStore::do_extend_many(std::span<const ExtendReque
   Impl& m = *impl_;
   m.refuse_write("extend");
   // One pipeline for the whole batch: the heartbeat's due leases cost one round trip.
-  const Impl::Outcome out = m.run(requests.size(), [&](std::string& o, std::size_t i, bool by_body) {
-    const ExtendRequest& r = requests[i];
-    m.append_script(o, redis::kExtend, by_body, Impl::RecordRef{r.scope, r.key},
-                    std::string_view(token_text(r.token)), std::int64_t{r.lease.count()});
-  }, [&](std::size_t i) { return Impl::RecordRef{requests[i].scope, requests[i].key}; });
+  const Impl::Outcome out = m.run(
+      requests.size(),
+      [&](std::string& o, std::size_t i, bool by_body) {
+        const ExtendRequest& r = requests[i];
+        m.append_script(o, redis::kExtend, by_body, Impl::RecordRef{r.scope, r.key},
+                        std::string_view(token_text(r.token)), std::int64_t{r.lease.count()});
+      },
+      [&](std::size_t i) {
+        return Impl::RecordRef{requests[i].scope, requests[i].key};
+      });
   std::vector<ExtendResult> results;
   results.reserve(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -953,8 +959,8 @@ std::vector<std::pair<std::string, int>> parse_addresses(const std::string& list
       port = item.substr(c + 1);
     }
     if (host.empty() || port.empty()) {
-      throw InvalidArgument("store URL", "each server in the list needs host:port, got '" + item +
-                                             "'");
+      throw InvalidArgument("store URL",
+                            "each server in the list needs host:port, got '" + item + "'");
     }
     out.emplace_back(host, static_cast<int>(parse_number("port", port, 1, 65535)));
   }
@@ -965,8 +971,9 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
   RedisStoreOptions o;
   o.read_only = options.read_only;
   if (!url.has_authority) {
-    throw InvalidArgument("store URL", "'" + url.scheme + ":' needs '//': redis://host:port/db or "
-                                       "unix:///path/redis.sock");
+    throw InvalidArgument("store URL", "'" + url.scheme +
+                                           ":' needs '//': redis://host:port/db or "
+                                           "unix:///path/redis.sock");
   }
   o.user = url.user;
   o.password = url.password;
@@ -983,27 +990,31 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
                                              "'); use unix:///path/redis.sock");
     }
     if (url.path.size() < 2 || url.path.front() != '/') {
-      throw InvalidArgument("store URL", "'unix:' needs an absolute socket path: "
-                                         "unix:///path/redis.sock");
+      throw InvalidArgument("store URL",
+                            "'unix:' needs an absolute socket path: "
+                            "unix:///path/redis.sock");
     }
     o.socket = url.path;
   } else if (o.topology != RedisTopology::kStandalone) {
-    o.addresses = parse_addresses(url.port != 0 ? url.host + ":" + std::to_string(url.port)
-                                                : url.host);
+    o.addresses =
+        parse_addresses(url.port != 0 ? url.host + ":" + std::to_string(url.port) : url.host);
     if (o.topology == RedisTopology::kSentinel) {
       if (url.path.size() < 2) {
-        throw InvalidArgument("store URL", "'" + scheme + ":' needs the service name as its "
-                                           "path: " + scheme + "://host:port,host:port/mymaster");
+        throw InvalidArgument("store URL", "'" + scheme +
+                                               ":' needs the service name as its "
+                                               "path: " +
+                                               scheme + "://host:port,host:port/mymaster");
       }
       o.service = url.path.substr(1);
     } else if (url.path.size() > 1 && url.path != "/0") {
-      throw InvalidArgument("store URL", "Redis Cluster has only database 0; '" + scheme +
-                                             ":' takes no path");
+      throw InvalidArgument("store URL",
+                            "Redis Cluster has only database 0; '" + scheme + ":' takes no path");
     }
   } else {
     if (url.host.find(',') != std::string::npos) {
-      throw InvalidArgument("store URL", "'" + scheme + ":' takes one server; for several use "
-                                         "redis+sentinel:// or redis+cluster://");
+      throw InvalidArgument("store URL", "'" + scheme +
+                                             ":' takes one server; for several use "
+                                             "redis+sentinel:// or redis+cluster://");
     }
     if (!url.host.empty()) o.host = url.host;
     if (url.port != 0) o.port = url.port;
@@ -1033,9 +1044,8 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
       } else if (value == "allow") {
         o.allow_eviction = true;
       } else {
-        throw InvalidArgument("store URL",
-                              "parameter 'eviction' must be 'refuse' or 'allow', got '" + value +
-                                  "'");
+        throw InvalidArgument(
+            "store URL", "parameter 'eviction' must be 'refuse' or 'allow', got '" + value + "'");
       }
     } else if (o.tls && name == "tls_ca") {
       o.tls_ca_file = value;

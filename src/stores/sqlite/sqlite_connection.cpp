@@ -87,8 +87,8 @@ int Connection::on_busy(void* self, int count) noexcept {
   const auto waited = now - c->busy_since_;
   if (waited >= c->busy_timeout_) return 0;
   const auto pause = count >= 5 ? kMaxPause : std::min(kFirstPause * (1 << count), kMaxPause);
-  std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-      pause, c->busy_timeout_ - waited));
+  std::this_thread::sleep_for(
+      std::min<std::chrono::steady_clock::duration>(pause, c->busy_timeout_ - waited));
   return 1;
 }
 

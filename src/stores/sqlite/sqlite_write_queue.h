@@ -103,8 +103,8 @@ class WriteQueue {
   const Limits limits_;
   const Apply apply_;
   mutable std::mutex mu_;
-  std::deque<QueuedWrite*> writers_;  // front: the batch in flight (if any), then the queue
-  std::size_t in_flight_ = 0;         // writes at the front taken by the current leader
+  std::deque<QueuedWrite*> writers_;     // front: the batch in flight (if any), then the queue
+  std::size_t in_flight_ = 0;            // writes at the front taken by the current leader
   std::atomic<std::size_t> callers_{0};  // inside a write call (see Caller)
   std::uint64_t batches_started_ = 0;
   std::uint64_t batches_ = 0;

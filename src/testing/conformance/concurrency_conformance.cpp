@@ -635,8 +635,7 @@ TEST_P(StoreConformance, RandomConcurrentOperationsKeepInvariants) {
   RandomRun run(
       store(), seed, /*keys=*/24, /*threads=*/8, phases, ops_per_thread, fake_clock(),
       /*lease=*/ticks(10), long_ttl, native_expiry(), store_wide_tokens(),
-      [this](Duration d) { pass(d); },
-      [this] { return now(); });
+      [this](Duration d) { pass(d); }, [this] { return now(); });
   run.run();
 }
 

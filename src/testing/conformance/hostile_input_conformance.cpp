@@ -138,10 +138,9 @@ void expect_invalid(const std::function<void()>& call, const std::string& argume
 }
 
 // expect_untouched with the fixture's expect_same_record (a protected member).
-#define IDEM_BYSTANDERS_UNTOUCHED(b)                                               \
-  expect_untouched(store(), b, live(), [this](const Record& x, const Record& y) { \
-    expect_same_record(x, y);                                                      \
-  })
+#define IDEM_BYSTANDERS_UNTOUCHED(b)   \
+  expect_untouched(store(), b, live(), \
+                   [this](const Record& x, const Record& y) { expect_same_record(x, y); })
 
 TEST_P(StoreConformance, HostileBytesAreStoredAsDataInEveryField) {
   // Every hostile string as scope, key, fingerprint and payload at once; each record comes
@@ -165,7 +164,8 @@ TEST_P(StoreConformance, HostileBytesAreStoredAsDataInEveryField) {
     EXPECT_EQ(rec.fingerprint, h);
   }
   // Forgetting every other one leaves the rest.
-  for (std::size_t i = 0; i < hostile.size(); i += 2) EXPECT_TRUE(store().forget(hostile[i], hostile[i]));
+  for (std::size_t i = 0; i < hostile.size(); i += 2)
+    EXPECT_TRUE(store().forget(hostile[i], hostile[i]));
   for (std::size_t i = 0; i < hostile.size(); ++i) {
     EXPECT_EQ(store().get(hostile[i], hostile[i]).has_value(), i % 2 == 1) << i;
   }
@@ -195,8 +195,7 @@ TEST_P(StoreConformance, HostileScopesAndKeysAtTheLimitsWorkAndOneOverIsRefused)
     const std::string& k = std::get<1>(c);
     const std::string& argument = std::get<2>(c);
     expect_invalid([&] { store().acquire(s, k, live(), live()); }, argument);
-    expect_invalid([&] { (void)store().complete(s, k, lease.token, "p", live()); },
-                         argument);
+    expect_invalid([&] { (void)store().complete(s, k, lease.token, "p", live()); }, argument);
     expect_invalid([&] { (void)store().release(s, k, lease.token); }, argument);
     expect_invalid([&] { (void)store().extend(s, k, lease.token, live()); }, argument);
     expect_invalid([&] { (void)store().get(s, k); }, argument);
@@ -217,10 +216,21 @@ TEST_P(StoreConformance, ForgedTokensAreFenced) {
   const Token t = lease.token;
   constexpr Token k53 = Token{1} << 53;
   constexpr Token k63 = Token{1} << 63;
-  const std::vector<Token> forged = {0,       1,       t - 1,   t + 1,
-                                     t ^ 1,   t + k53, t ^ k53, t | k63,
-                                     t + k63, k53,     k53 + 1, k63,
-                                     k63 - 1, k63 + 1, std::numeric_limits<Token>::max(),
+  const std::vector<Token> forged = {0,
+                                     1,
+                                     t - 1,
+                                     t + 1,
+                                     t ^ 1,
+                                     t + k53,
+                                     t ^ k53,
+                                     t | k63,
+                                     t + k63,
+                                     k53,
+                                     k53 + 1,
+                                     k63,
+                                     k63 - 1,
+                                     k63 + 1,
+                                     std::numeric_limits<Token>::max(),
                                      std::numeric_limits<Token>::max() - 1,
                                      bystanders.in_progress_token};
   for (const Token f : forged) {
@@ -257,8 +267,7 @@ TEST_P(StoreConformance, ExtremeDurationsAreRefusedBeforeAnyWrite) {
     expect_invalid([&] { store().acquire("s", "new", live(), d); }, "ttl");
     expect_invalid([&] { store().acquire("s", "k", d, d); }, "lease duration");
     expect_invalid([&] { (void)store().complete("s", "k", lease.token, "p", d); }, "ttl");
-    expect_invalid([&] { (void)store().extend("s", "k", lease.token, d); },
-                         "lease duration");
+    expect_invalid([&] { (void)store().extend("s", "k", lease.token, d); }, "lease duration");
     const ExtendRequest batch[] = {{"s", "k", lease.token, live()}, {"s", "k", lease.token, d}};
     expect_invalid([&] { (void)store().extend_many(batch); }, "lease duration");
   }

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "conformance/test_data.h"
 #include "idem/testing/matchers.h"
 #include "idem/testing/store_conformance.h"
-#include "conformance/test_data.h"
 
 namespace idem::testing {
 namespace {

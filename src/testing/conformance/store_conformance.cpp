@@ -95,8 +95,7 @@ void StoreConformance::expect_same_record(const Record& before, const Record& af
   } else {
     EXPECT_EQ(after.completed_at, before.completed_at);
     EXPECT_TRUE(after.payload == before.payload)
-        << "payload changed from " << preview(before.payload) << " to "
-        << preview(after.payload);
+        << "payload changed from " << preview(before.payload) << " to " << preview(after.payload);
   }
 }
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "idem/error.h"
 #include "idem/testing/matchers.h"
 #include "idem/testing/store_conformance.h"
-#include "idem/error.h"
 
 namespace idem::testing {
 namespace {

@@ -353,12 +353,9 @@ TEST_P(StoreConformance, ExtendManyGivesEachLeaseItsOwnOutcomeInOrder) {
   const Record stolen_before = expect_record("s", "stolen");
 
   const std::vector<ExtendRequest> batch = {
-      {"s", "live", live_lease.token, ticks(10)},
-      {"s", "released", released.token, ticks(10)},
-      {"s", "completed", completed, ticks(10)},
-      {"s", "stolen", stale.token, ticks(10)},
-      {"s", "absent", live_lease.token, ticks(10)},
-      {"t", "live", other.token, ticks(20)},
+      {"s", "live", live_lease.token, ticks(10)},   {"s", "released", released.token, ticks(10)},
+      {"s", "completed", completed, ticks(10)},     {"s", "stolen", stale.token, ticks(10)},
+      {"s", "absent", live_lease.token, ticks(10)}, {"t", "live", other.token, ticks(20)},
       {"s", "live", other.token, ticks(10)},
   };
   const std::vector<ExtendResult> results = store().extend_many(batch);

@@ -2,6 +2,8 @@
 // callers share batches, never two requests for one record in a batch, a failed batch fails
 // every caller in it, and a caller still queued at its deadline gives up.
 
+#include "stores/postgres/postgres_batcher.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,7 +18,6 @@
 #include <vector>
 
 #include "idem/error.h"
-#include "stores/postgres/postgres_batcher.h"
 
 namespace idem::postgres {
 namespace {

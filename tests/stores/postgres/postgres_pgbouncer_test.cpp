@@ -71,15 +71,14 @@ IDEM_INSTANTIATE_STORE_CONFORMANCE(
 // "Sizing a pooler").
 IDEM_INSTANTIATE_STORE_CONFORMANCE(
     PgbouncerSession,
-    StoreTestContext{.name = "postgres_pgbouncer_session",
-                     .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
-                       return fresh_postgres_store(
-                           PostgresStoreOptions{.conninfo = session_url(),
-                                                .pool_size = 4,
-                                                .pooler = PostgresPooler::kSession});
-                     },
-                     .fake_clock = false,
-                     .tick = Duration{200}});
+    StoreTestContext{
+        .name = "postgres_pgbouncer_session",
+        .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
+          return fresh_postgres_store(PostgresStoreOptions{
+              .conninfo = session_url(), .pool_size = 4, .pooler = PostgresPooler::kSession});
+        },
+        .fake_clock = false,
+        .tick = Duration{200}});
 
 // --- two stores, one pool ---
 
@@ -150,9 +149,10 @@ TEST_P(PgbouncerTwoTables, StoresOnTwoTablesBehindOnePoolNeverSeeEachOthersRecor
   RawPg direct(postgres_url());
   for (const Side& side : sides) {
     // Every row of a table is its own store's, and nothing else is in it.
-    EXPECT_EQ(direct.value("SELECT count(*) FROM " + side.table + " WHERE payload <> convert_to('" +
-                           side.name + ":' || convert_from(key, 'UTF8'), 'UTF8') OR payload IS NULL"),
-              "0")
+    EXPECT_EQ(
+        direct.value("SELECT count(*) FROM " + side.table + " WHERE payload <> convert_to('" +
+                     side.name + ":' || convert_from(key, 'UTF8'), 'UTF8') OR payload IS NULL"),
+        "0")
         << side.table;
     for (int k = 0; k < kKeys; ++k) {
       const std::string key = "k" + std::to_string(k);
@@ -168,8 +168,7 @@ TEST_P(PgbouncerTwoTables, StoresOnTwoTablesBehindOnePoolNeverSeeEachOthersRecor
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Statements, PgbouncerTwoTables,
-                         ::testing::Values("prepared", "unnamed"));
+INSTANTIATE_TEST_SUITE_P(Statements, PgbouncerTwoTables, ::testing::Values("prepared", "unnamed"));
 
 // --- server settings through the pooler ---
 
@@ -201,10 +200,10 @@ TEST(PgbouncerSizing, APoolerSmallerThanThePoolNamesTheWaitForAServerConnection)
     std::string dir;
     ~Destroy() { run_server_script(IDEM_PGBOUNCER_SCRIPT, "destroy", dir); }
   } destroy{dir};
-  const std::string port = run_server_script(
-      IDEM_PGBOUNCER_SCRIPT, "start", dir,
-      {"session", env_or_empty("IDEM_TEST_POSTGRES_SOCKET_DIR"),
-       env_or_empty("IDEM_TEST_POSTGRES_PORT"), "pool_size=1"});
+  const std::string port =
+      run_server_script(IDEM_PGBOUNCER_SCRIPT, "start", dir,
+                        {"session", env_or_empty("IDEM_TEST_POSTGRES_SOCKET_DIR"),
+                         env_or_empty("IDEM_TEST_POSTGRES_PORT"), "pool_size=1"});
   ASSERT_FALSE(port.empty());
   const std::string table = fresh_table("sizing");
   open_store(postgres_url() + "?table=" + table).reset();  // made directly, beforehand
@@ -217,9 +216,10 @@ TEST(PgbouncerSizing, APoolerSmallerThanThePoolNamesTheWaitForAServerConnection)
   });
   RawPg watch(postgres_url());
   ASSERT_TRUE(eventually([&] {
-    return watch.value("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                       "AND query LIKE '%" +
-                       table + "%'") != "0";
+    return watch.value(
+               "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+               "AND query LIKE '%" +
+               table + "%'") != "0";
   }));
   std::string second_error;
   std::thread second([&] {
@@ -233,8 +233,7 @@ TEST(PgbouncerSizing, APoolerSmallerThanThePoolNamesTheWaitForAServerConnection)
   // PgBouncer's own console: the second call's connection waits for a server connection.
   RawPg console("postgresql://postgres@127.0.0.1:" + port + "/pgbouncer");
   EXPECT_TRUE(eventually([&] {
-    std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(console.raw(), "SHOW POOLS"),
-                                                    &PQclear);
+    std::unique_ptr<PGresult, decltype(&PQclear)> r(PQexec(console.raw(), "SHOW POOLS"), &PQclear);
     const int db = PQfnumber(r.get(), "database");
     const int waiting = PQfnumber(r.get(), "cl_waiting");
     if (PQresultStatus(r.get()) != PGRES_TUPLES_OK || db < 0 || waiting < 0) return false;

@@ -26,9 +26,9 @@
 #include "idem/executor.h"
 #include "idem/open_store.h"
 #include "idem/stores/postgres_store.h"
+#include "idem/testing/matchers.h"
 #include "stores/postgres/postgres_test_util.h"
 #include "support/eventually.h"
-#include "idem/testing/matchers.h"
 #include "support/server_script.h"
 
 #ifndef IDEM_PRIVATE_SERVER_SCRIPT
@@ -88,8 +88,8 @@ PrivateServer* const server =
 
 // A store on a fresh table of the private server.
 std::shared_ptr<Store> private_store(const std::string& query = "") {
-  return open_store(server->socket_url("table=" + fresh_table("priv") +
-                                       (query.empty() ? "" : "&" + query)));
+  return open_store(
+      server->socket_url("table=" + fresh_table("priv") + (query.empty() ? "" : "&" + query)));
 }
 
 TEST(PostgresPrivateServer, RestartInTheMiddleOfAWorkloadLosesNoCompletedRecord) {
@@ -98,9 +98,9 @@ TEST(PostgresPrivateServer, RestartInTheMiddleOfAWorkloadLosesNoCompletedRecord)
   Executor exec(store, ExecutorOptions{.lease = 60s, .on_heartbeat_error = [](const auto&) {}});
   constexpr int kThreads = 4;
   std::mutex mu;
-  std::map<std::string, int> runs;                 // key -> times its action ran
-  std::map<std::string, std::string> completed;    // key -> payload, for run() that returned
-  std::vector<std::string> unexpected;             // errors other than StoreUnavailable
+  std::map<std::string, int> runs;               // key -> times its action ran
+  std::map<std::string, std::string> completed;  // key -> payload, for run() that returned
+  std::vector<std::string> unexpected;           // errors other than StoreUnavailable
   std::atomic<int> successes{0};
   std::atomic<int> unavailable{0};
   std::atomic<bool> stop{false};
@@ -307,8 +307,8 @@ TEST(PostgresStandby, AWritableStoreRefusesAHotStandbyAndAReadOnlyOneSaysItMayLa
     open_store(url);
     ADD_FAILURE() << "a writable store opened on a hot standby";
   } catch (const StoreUnavailable& e) {
-    EXPECT_THAT(e.reason(), AllOf(HasSubstr("hot standby"), HasSubstr("primary"),
-                                  HasSubstr("read-only")));
+    EXPECT_THAT(e.reason(),
+                AllOf(HasSubstr("hot standby"), HasSubstr("primary"), HasSubstr("read-only")));
   }
   auto reader = open_store(url, OpenOptions{.read_only = true});
   EXPECT_THAT(reader->describe(), HasSubstr("may lag"));

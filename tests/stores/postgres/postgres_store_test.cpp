@@ -4,6 +4,8 @@
 // bounded purges; and server settings a deployment may have: a default isolation other than
 // read committed, and sessions the server ends while idle.
 
+#include "idem/stores/postgres_store.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -24,10 +26,9 @@
 
 #include "idem/error.h"
 #include "idem/open_store.h"
-#include "idem/stores/postgres_store.h"
+#include "idem/testing/matchers.h"
 #include "stores/postgres/postgres_test_util.h"
 #include "support/eventually.h"
-#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {
@@ -54,8 +55,8 @@ std::shared_ptr<Store> open_fresh(const std::string& query, std::string* table_o
   });
 }
 
-Token acquire_token(Store& store, std::string_view scope, std::string_view key,
-                    Duration lease = 1h, Duration ttl = 1h) {
+Token acquire_token(Store& store, std::string_view scope, std::string_view key, Duration lease = 1h,
+                    Duration ttl = 1h) {
   AcquireResult r = store.acquire(scope, key, lease, ttl);
   EXPECT_THAT(r, IsAcquired());
   return std::holds_alternative<Acquired>(r) ? std::get<Acquired>(r).lease.token : 0;
@@ -109,8 +110,8 @@ TEST(PostgresStoreUrl, UnixSocketDirectoryInTheQuery) {
                            "IDEM_TEST_POSTGRES_SOCKET_DIR or IDEM_TEST_POSTGRES_PORT is not set");
   const std::string table = fresh_table();
   {
-    std::shared_ptr<Store> s = open_store("postgresql:///idem_test?host=" + dir + "&port=" +
-                                          port + "&user=postgres&table=" + table);
+    std::shared_ptr<Store> s = open_store("postgresql:///idem_test?host=" + dir + "&port=" + port +
+                                          "&user=postgres&table=" + table);
     EXPECT_THAT(s->describe(), HasSubstr("?host=" + dir));
     EXPECT_THAT(s->acquire("s", "k", 1h, 1h), IsFreshlyAcquired());
   }
@@ -121,9 +122,9 @@ TEST(PostgresStoreUrl, LibpqParametersPassThrough) {
   const std::string name = "idem-passthrough-" + std::to_string(::getpid());
   auto s = open_fresh("application_name=" + name + "&connect_timeout=5&sslmode=disable");
   RawPg raw(postgres_url());
-  EXPECT_EQ(raw.value("SELECT count(*) FROM pg_stat_activity WHERE application_name = '" + name +
-                      "'"),
-            "1");
+  EXPECT_EQ(
+      raw.value("SELECT count(*) FROM pg_stat_activity WHERE application_name = '" + name + "'"),
+      "1");
 }
 
 TEST(PostgresStoreUrl, BadOptionsAreRejectedNamingThem) {
@@ -167,8 +168,9 @@ TEST(PostgresStoreUrl, PasswordNeverAppearsInDescriptionsOrErrors) {
   const std::string e1 = store_error([&] { open_store(missing_db); });
   EXPECT_THAT(e1, AllOf(Not(HasSubstr("Sekr1t")), HasSubstr("database does not exist"),
                         HasSubstr("idem_no_such_db")));
-  const std::string e2 = store_error(
-      [&] { open_store("postgresql://postgres:Sekr1t-pw@127.0.0.1:" + std::to_string(kClosedPort) + "/x"); });
+  const std::string e2 = store_error([&] {
+    open_store("postgresql://postgres:Sekr1t-pw@127.0.0.1:" + std::to_string(kClosedPort) + "/x");
+  });
   EXPECT_THAT(e2, Not(HasSubstr("Sekr1t")));
 }
 
@@ -241,10 +243,9 @@ TEST(PostgresStoreSchema, CreatesTheVersionedTableWithByteaColumnsAndPurgeIndex)
               "bytea")
         << column;
   }
-  EXPECT_EQ(raw.value("SELECT indexdef FROM pg_indexes WHERE indexname = '" + table +
-                      "_purge_idx'"),
-            "CREATE INDEX " + table + "_purge_idx ON public." + table +
-                " USING btree (purge_after)");
+  EXPECT_EQ(
+      raw.value("SELECT indexdef FROM pg_indexes WHERE indexname = '" + table + "_purge_idx'"),
+      "CREATE INDEX " + table + "_purge_idx ON public." + table + " USING btree (purge_after)");
   EXPECT_EQ(raw.value("SELECT count(*) FROM pg_class WHERE relname = '" + table +
                       "_token_seq' AND relkind = 'S'"),
             "1");
@@ -257,7 +258,8 @@ TEST(PostgresStoreSchema, ForeignTableIsRefusedAndLeftUntouched) {
   const std::string e = store_error([&] { open_store(url_with("table=" + table)); });
   EXPECT_THAT(e, HasSubstr("not an idem table"));
   EXPECT_EQ(raw.value("SELECT string_agg(column_name, ',') FROM information_schema.columns "
-                      "WHERE table_name = '" + table + "'"),
+                      "WHERE table_name = '" +
+                      table + "'"),
             "id");
   EXPECT_EQ(raw.value("SELECT id FROM " + table), "7");
   raw.exec("DROP TABLE " + table);
@@ -335,8 +337,8 @@ TEST(PostgresStoreSchema, ReadOnlyStoreReadsAndRefusesWrites) {
 TEST(PostgresStoreSchema, OpenStoreHonoursOpenOptions) {
   const std::string table = fresh_table();
   const std::string url = url_with("table=" + table);
-  for (const OpenOptions& options : {OpenOptions{.read_only = true},
-                                     OpenOptions{.create_if_missing = false}}) {
+  for (const OpenOptions& options :
+       {OpenOptions{.read_only = true}, OpenOptions{.create_if_missing = false}}) {
     EXPECT_THAT(store_error([&] { open_store(url, options); }), HasSubstr("does not exist"));
   }
   RawPg raw(postgres_url());
@@ -373,7 +375,8 @@ TEST_P(PostgresAcquireModes, FreshReplayBusyStealAndExpiry) {
 
   const Token done = acquire_token(s, "s", "done");
   ASSERT_THAT(s.complete("s", "done", done, std::string("r\0s", 3), 1h), IsDone());
-  for (int i = 0; i < 3; ++i) EXPECT_THAT(s.acquire("s", "done", 1h, 1h), IsReplay(std::string("r\0s", 3)));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_THAT(s.acquire("s", "done", 1h, 1h), IsReplay(std::string("r\0s", 3)));
 
   const Token short_lease = acquire_token(s, "s", "steal", 100ms, 1h);
   const Token short_ttl = acquire_token(s, "s", "expire");
@@ -597,9 +600,9 @@ TEST(PostgresStorePool, ManyThreadsShareASmallPool) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(done.load(), 16 * 20);
   RawPg raw(postgres_url());
-  EXPECT_EQ(raw.value("SELECT count(*) FROM pg_stat_activity WHERE application_name = '" + name +
-                      "'"),
-            "2");
+  EXPECT_EQ(
+      raw.value("SELECT count(*) FROM pg_stat_activity WHERE application_name = '" + name + "'"),
+      "2");
 }
 
 // --- batched extends and bounded purges ---
@@ -737,8 +740,7 @@ TEST_P(PostgresIdleSession, ACallOnASessionTheServerEndedWhileIdleRunsOnANewConn
   EXPECT_EQ(raw.value("SELECT count(*) FROM " + table), "1");
 }
 
-INSTANTIATE_TEST_SUITE_P(Poolers, PostgresIdleSession,
-                         ::testing::Values("auto", "transaction"),
+INSTANTIATE_TEST_SUITE_P(Poolers, PostgresIdleSession, ::testing::Values("auto", "transaction"),
                          [](const auto& info) {
                            return info.param == "auto" ? std::string("OwnSession")
                                                        : std::string("Transaction");

@@ -96,8 +96,7 @@ class RawPg {
 // Drops a test table and its token sequence.
 inline void drop_table(const std::string& conninfo, const std::string& table) {
   RawPg raw(conninfo);
-  raw.exec("DROP TABLE IF EXISTS " + table + "; DROP SEQUENCE IF EXISTS " + table +
-               "_token_seq",
+  raw.exec("DROP TABLE IF EXISTS " + table + "; DROP SEQUENCE IF EXISTS " + table + "_token_seq",
            /*expect_ok=*/false);
 }
 
@@ -123,7 +122,8 @@ inline std::shared_ptr<PostgresStore> fresh_postgres_store(PostgresStoreOptions 
 inline std::string with_database(const std::string& url, const std::string& database) {
   const std::size_t query = url.find('?');
   const std::size_t slash = url.rfind('/', query);
-  return url.substr(0, slash + 1) + database + (query == std::string::npos ? "" : url.substr(query));
+  return url.substr(0, slash + 1) + database +
+         (query == std::string::npos ? "" : url.substr(query));
 }
 
 // A database of the test server made for one test, with a default of its own (ALTER

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "stores/postgres/postgres_connection.h"
-#include "stores/postgres/postgres_server.h"
 #include "stores/postgres/postgres_schema.h"
+#include "stores/postgres/postgres_server.h"
 
 namespace idem::postgres {
 namespace {
@@ -55,7 +55,8 @@ TEST(PostgresServerCheck, AcceptsPostgresqlTwelveAndLaterAndRefusesOlder) {
                            150018),
             std::nullopt);
   EXPECT_EQ(refused_server("PostgreSQL 12.0 on x86_64-pc-linux-gnu", 120000), std::nullopt);
-  std::optional<std::string> old = refused_server("PostgreSQL 11.22 on x86_64-pc-linux-gnu", 110022);
+  std::optional<std::string> old =
+      refused_server("PostgreSQL 11.22 on x86_64-pc-linux-gnu", 110022);
   ASSERT_TRUE(old.has_value());
   EXPECT_THAT(*old, HasSubstr("PostgreSQL 12 or later"));
 }

@@ -41,7 +41,7 @@ std::int64_t shift_us() noexcept {
     // A thread that lost the race keeps its mapping unused: harmless.
     const std::int64_t* expected = nullptr;
     if (!__atomic_compare_exchange_n(&g_shift, &expected, p, false, __ATOMIC_ACQ_REL,
-                                      __ATOMIC_ACQUIRE)) {
+                                     __ATOMIC_ACQUIRE)) {
       p = expected;
     }
   }

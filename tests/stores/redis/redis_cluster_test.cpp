@@ -10,14 +10,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <iostream>
 #include <map>
-#include <mutex>
-#include <thread>
-#include <future>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "idem/open_store.h"
@@ -29,9 +29,9 @@
 namespace idem::testing {
 namespace {
 
-::testing::Environment* const kClusterEnvironment =
-    ::testing::AddGlobalTestEnvironment(new ServerEnvironment(
-        "IDEM_TEST_REDIS_CLUSTER_URL", "source scripts/servers.sh and run idem_start_redis_cluster"));
+::testing::Environment* const kClusterEnvironment = ::testing::AddGlobalTestEnvironment(
+    new ServerEnvironment("IDEM_TEST_REDIS_CLUSTER_URL",
+                          "source scripts/servers.sh and run idem_start_redis_cluster"));
 
 std::string cluster_url() {
   const char* v = std::getenv("IDEM_TEST_REDIS_CLUSTER_URL");
@@ -50,8 +50,8 @@ IDEM_INSTANTIATE_STORE_CONFORMANCE(
     RedisCluster,
     StoreTestContext{.name = "redis_cluster",
                      .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
-                       return open_store(with_param(cluster_url(), "prefix",
-                                                    fresh_prefix("cluster")));
+                       return open_store(
+                           with_param(cluster_url(), "prefix", fresh_prefix("cluster")));
                      },
                      .fake_clock = false,
                      .tick = Duration{200},
@@ -123,7 +123,8 @@ TEST(RedisCluster, OneHeartbeatExtendsLeasesOnEveryNode) {
 TEST(RedisCluster, ReplayByGetAndReadOnlyWorkOnEveryNode) {
   const std::string prefix = fresh_prefix("get");
   auto store = open_store(with_param(cluster_url(), "prefix", prefix) + "&replay=get");
-  auto reader = open_store(with_param(cluster_url(), "prefix", prefix), OpenOptions{.read_only = true});
+  auto reader =
+      open_store(with_param(cluster_url(), "prefix", prefix), OpenOptions{.read_only = true});
   for (int i = 0; i < 20; ++i) {
     const std::string key = "k" + std::to_string(i);
     const Token t = acquire_token(*store, key);
@@ -139,8 +140,8 @@ TEST(RedisCluster, ReplayByGetAndReadOnlyWorkOnEveryNode) {
 TEST(RedisCluster, UrlForms) {
   EXPECT_THROW((void)open_store("redis+cluster://127.0.0.1:1,127.0.0.1:2/3"), InvalidArgument);
   const std::string one_seed =
-      "redis+cluster://127.0.0.1:" + std::to_string(cluster_ports().at(1)) + "?prefix=" +
-      fresh_prefix("seed");
+      "redis+cluster://127.0.0.1:" + std::to_string(cluster_ports().at(1)) +
+      "?prefix=" + fresh_prefix("seed");
   auto store = open_store(one_seed);  // one seed is enough: the map names every node
   (void)acquire_token(*store, "k");
   expect_unavailable(
@@ -152,8 +153,7 @@ TEST(RedisCluster, UrlForms) {
 }
 
 // A key of `prefix` whose record lives in `slot`, the n-th found.
-std::string key_in_slot(const std::string& prefix, const std::string& scope, unsigned slot,
-                        int n) {
+std::string key_in_slot(const std::string& prefix, const std::string& scope, unsigned slot, int n) {
   for (int i = 0;; ++i) {
     const std::string key = "m" + std::to_string(i);
     if (redis::hash_slot(redis::record_key(prefix, scope, key)) == slot && n-- == 0) return key;
@@ -257,15 +257,16 @@ void migrate_slot(unsigned slot, int from, int to) {
   for (;;) {
     RawReply keys = src.command({"CLUSTER", "GETKEYSINSLOT", slot_text, "5"});
     if (!keys || keys->elements == 0) break;
-    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
-                                        "5000", "REPLACE", "KEYS"};
+    std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to), "",
+                                        "0",       "5000",      "REPLACE",          "KEYS"};
     for (std::size_t i = 0; i < keys->elements; ++i) {
       migrate.emplace_back(keys->element[i]->str, keys->element[i]->len);
     }
     ASSERT_EQ(src.text(migrate), "OK");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let the callers meet it
   }
-  for (int p : cluster_ports()) (void)RawRedis(p).text({"CLUSTER", "SETSLOT", slot_text, "NODE", to_id});
+  for (int p : cluster_ports())
+    (void)RawRedis(p).text({"CLUSTER", "SETSLOT", slot_text, "NODE", to_id});
 }
 
 // Eight threads run fresh keys and then replays of them, all in one slot, while that slot

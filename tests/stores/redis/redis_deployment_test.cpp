@@ -6,11 +6,10 @@
 // test pauses, kills or reconfigures are its own (PrivateRedis); the rest use the shared one.
 
 #include <fcntl.h>
-#include <signal.h>
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -183,9 +182,9 @@ TEST_F(PrivateRedisTest, ARepeatedCompleteIsConfirmedOnlyOnceTheReplicasHaveTheF
   servers.replica.pause();
   for (int attempt = 0; attempt < 4; ++attempt) {
     SCOPED_TRACE(attempt);
-    const auto e = expect_unavailable(
-        [&] { (void)store->complete("s", "k", lease.token, "result", 1h); },
-        {"only 0 of 1 replicas acknowledged"});
+    const auto e =
+        expect_unavailable([&] { (void)store->complete("s", "k", lease.token, "result", 1h); },
+                           {"only 0 of 1 replicas acknowledged"});
     EXPECT_TRUE(e && e->unconfirmed());
   }
   servers.replica.resume();
@@ -208,8 +207,8 @@ cli::test::ProcessResult idem_run(const std::string& url, const std::string& key
     script += "; touch '" + runs_file + ".started'; while [ ! -e '" + go_file +
               "' ]; do sleep 0.01; done";
   }
-  return cli::test::run_process({IDEM_BINARY, "run", "--store", url, "--key", key, "--lease",
-                                 "1s", "--wait", "10s", "--", "sh", "-c", script + "; echo out"},
+  return cli::test::run_process({IDEM_BINARY, "run", "--store", url, "--key", key, "--lease", "1s",
+                                 "--wait", "10s", "--", "sh", "-c", script + "; echo out"},
                                 {});
 }
 
@@ -323,16 +322,17 @@ TEST_F(PrivateRedisTest, AFailoverLosesNothingReportedRecordedAndRunsNothingTwic
     }
   }
 #ifdef IDEM_BINARY
-  const std::string new_url = "redis://127.0.0.1:" + std::to_string(servers.replica.port()) +
-                              "/0?prefix=" + o.prefix;
+  const std::string new_url =
+      "redis://127.0.0.1:" + std::to_string(servers.replica.port()) + "/0?prefix=" + o.prefix;
   EXPECT_EQ(idem_run(new_url, "tool-up", dir + "/tool-up").status, 0);
   EXPECT_EQ(lines(dir + "/tool-up"), 1);  // replayed, not run again
   const auto again = idem_run(new_url, "tool-cut", dir + "/tool-cut");
   EXPECT_EQ(again.status, 0) << again.err;
   EXPECT_EQ(lines(dir + "/tool-cut"), 2) << again.err;  // its first run exited 76: told
 #endif
-  std::cout << "[ failover ] " << recorded_before.size() << " results recorded before it, all kept; "
-            << cut_keys.size() << " callers told \"may or may not\", whose keys ran again after it\n";
+  std::cout << "[ failover ] " << recorded_before.size()
+            << " results recorded before it, all kept; " << cut_keys.size()
+            << " callers told \"may or may not\", whose keys ran again after it\n";
 }
 
 // --- 2. eviction -----------------------------------------------------------------------
@@ -343,9 +343,9 @@ TEST_F(PrivateRedisTest, EvictingMemoryPoliciesAreRefusedUnlessTheUrlAcceptsTheR
     PrivateRedis server({"--maxmemory", "64mb", "--maxmemory-policy", policy});
     ASSERT_TRUE(server.ok());
     const std::string url = server.url() + "?prefix=" + fresh_prefix();
-    expect_unavailable([&] { (void)open_store(url); },
-                       {"maxmemory-policy is " + policy, "Set maxmemory-policy to noeviction",
-                        "eviction=allow"});
+    expect_unavailable(
+        [&] { (void)open_store(url); },
+        {"maxmemory-policy is " + policy, "Set maxmemory-policy to noeviction", "eviction=allow"});
     auto store = open_store(url + "&eviction=allow");
     EXPECT_THAT(store->acquire("s", "k", 30s, 1h), IsFreshlyAcquired());
   }
@@ -401,28 +401,28 @@ TEST_F(PrivateRedisTest, AnAclUserDeniedAnyCommandNeverLeavesAHalfWrittenRecord)
   const std::string large(100 * 1024, 'L');  // written with APPEND when the ACL allows it
   // The store's documented least privileges, then each command the scripts call taken
   // away in turn, and one user whose key pattern leaves out the store's token key.
-  const std::vector<std::string> least = {"+evalsha", "+eval", "+script|load", "+info",
-                                          "+get",     "+set",  "+del",         "+append",
-                                          "+time"};
+  const std::vector<std::string> least = {"+evalsha", "+eval", "+script|load", "+info", "+get",
+                                          "+set",     "+del",  "+append",      "+time"};
   struct Case {
     std::string name;
     std::string denied;  // a command taken away, or empty
     bool records_only;   // keys: the records, not the token key
   };
-  const std::vector<Case> cases = {{"get", "+get", false},       {"set", "+set", false},
-                                   {"del", "+del", false},       {"append", "+append", false},
-                                   {"time", "+time", false},     {"records-only", "", true}};
+  const std::vector<Case> cases = {{"get", "+get", false},   {"set", "+set", false},
+                                   {"del", "+del", false},   {"append", "+append", false},
+                                   {"time", "+time", false}, {"records-only", "", true}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::string prefix = "acl-" + c.name + ":";
-    std::vector<std::string> setuser = {"ACL", "SETUSER", c.name, "on", ">pw-" + c.name,
-                                        c.records_only ? "~" + prefix + "{*" : "~" + prefix + "*"};
+    std::vector<std::string> setuser = {
+        "ACL", "SETUSER",       c.name,
+        "on",  ">pw-" + c.name, c.records_only ? "~" + prefix + "{*" : "~" + prefix + "*"};
     for (const std::string& permission : least) {
       if (permission != c.denied) setuser.push_back(permission);
     }
     ASSERT_EQ(admin.text(setuser), "OK");
-    auto user = open_store("redis://" + c.name + ":pw-" + c.name + "@127.0.0.1:" +
-                           std::to_string(server.port()) + "/0?prefix=" + prefix);
+    auto user = open_store("redis://" + c.name + ":pw-" + c.name +
+                           "@127.0.0.1:" + std::to_string(server.port()) + "/0?prefix=" + prefix);
     RedisStoreOptions ao = server.options();
     ao.prefix = prefix;
     auto owner = std::make_shared<RedisStore>(ao);
@@ -436,8 +436,8 @@ TEST_F(PrivateRedisTest, AnAclUserDeniedAnyCommandNeverLeavesAHalfWrittenRecord)
         done(call());
       } catch (const StoreUnavailable& e) {
         ++denied;
-        EXPECT_THAT(e.what(), AnyOf(HasSubstr("permission denied by the server's ACL"),
-                                    HasSubstr("NOPERM")));
+        EXPECT_THAT(e.what(),
+                    AnyOf(HasSubstr("permission denied by the server's ACL"), HasSubstr("NOPERM")));
         EXPECT_EQ(snapshot(admin, prefix), before);
       }
     };
@@ -506,11 +506,11 @@ TEST_F(PrivateRedisTest, AUserDeniedInfoIsToldWhatToGrantOrWhatToSkip) {
   PrivateRedis server;
   ASSERT_TRUE(server.ok());
   RawRedis admin(server.port());
-  ASSERT_EQ(admin.text({"ACL", "SETUSER", "noinfo", "on", ">pw", "~acl-info:*", "+evalsha",
-                        "+eval", "+script|load", "+get", "+set", "+del", "+append", "+time"}),
+  ASSERT_EQ(admin.text({"ACL", "SETUSER", "noinfo", "on", ">pw", "~acl-info:*", "+evalsha", "+eval",
+                        "+script|load", "+get", "+set", "+del", "+append", "+time"}),
             "OK");
-  const std::string url = "redis://noinfo:pw@127.0.0.1:" + std::to_string(server.port()) +
-                          "/0?prefix=acl-info:";
+  const std::string url =
+      "redis://noinfo:pw@127.0.0.1:" + std::to_string(server.port()) + "/0?prefix=acl-info:";
   expect_unavailable([&] { (void)open_store(url); },
                      {"cannot read the server's maxmemory-policy", "+info", "eviction=allow"});
   auto store = open_store(url + "&eviction=allow");
@@ -548,7 +548,8 @@ class ClockShift {
 
 TEST_F(PrivateRedisTest, ATokenIsNeverIssuedTwiceForAKeyWhateverTheServerClockDoes) {
   ClockShift shift;
-  PrivateRedis server({}, {"LD_PRELOAD=" IDEM_CLOCK_SHIFT_LIB, "IDEM_CLOCK_SHIFT_FILE=" + shift.path()});
+  PrivateRedis server(
+      {}, {"LD_PRELOAD=" IDEM_CLOCK_SHIFT_LIB, "IDEM_CLOCK_SHIFT_FILE=" + shift.path()});
   ASSERT_TRUE(server.ok());
   RawRedis raw(server.port());
   // The shim moves what Redis 7.0 reads: TIME and key expiry.

@@ -1,6 +1,8 @@
 // The Redis store's key layout and record format (src/stores/redis/redis_layout.h), and its
 // URL: no server needed.
 
+#include "stores/redis/redis_layout.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 #include "idem/error.h"
 #include "idem/open_store.h"
 #include "idem/stores/redis_store.h"
-#include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
 
 namespace idem::redis {
@@ -26,9 +27,24 @@ std::string bytes(const char* text, std::size_t n) { return std::string(text, n)
 // Scopes and keys made of the bytes the encoding treats specially, plus NUL and the
 // longest inputs SPEC §10 allows.
 std::vector<std::string> hostile() {
-  return {"a", ":", "{", "}", "%", "%3A", "{}", "}{", "a:b", "b:c", bytes("\0", 1),
-          bytes("a\0:b", 4), "{tag}", "x}y{z", "%25", std::string(255, ':'),
-          std::string(1024, '}'), std::string(1024, '\xff')};
+  return {"a",
+          ":",
+          "{",
+          "}",
+          "%",
+          "%3A",
+          "{}",
+          "}{",
+          "a:b",
+          "b:c",
+          bytes("\0", 1),
+          bytes("a\0:b", 4),
+          "{tag}",
+          "x}y{z",
+          "%25",
+          std::string(255, ':'),
+          std::string(1024, '}'),
+          std::string(1024, '\xff')};
 }
 
 TEST(RedisLayout, RecordKeyRoundTripsEveryHostileScopeAndKey) {
@@ -110,12 +126,12 @@ TEST(RedisLayout, RecordSlotIsTheSlotOfTheRecordKey) {
 }
 
 TEST(RedisLayout, ForeignKeysDoNotParseAsRecords) {
-  EXPECT_FALSE(parse_record_key("idem:", "idem:{a}").has_value());          // no ':'
-  EXPECT_FALSE(parse_record_key("idem:", "other:{a:b}").has_value());       // prefix
-  EXPECT_FALSE(parse_record_key("idem:", "idem:{a:b:c}").has_value());      // raw ':'
-  EXPECT_FALSE(parse_record_key("idem:", "idem:{a%3a:b}").has_value());     // lowercase
-  EXPECT_FALSE(parse_record_key("idem:", "idem:{a%41:b}").has_value());     // 'A' escaped
-  EXPECT_FALSE(parse_record_key("idem:", "idem:{a%3:b}").has_value());      // truncated
+  EXPECT_FALSE(parse_record_key("idem:", "idem:{a}").has_value());       // no ':'
+  EXPECT_FALSE(parse_record_key("idem:", "other:{a:b}").has_value());    // prefix
+  EXPECT_FALSE(parse_record_key("idem:", "idem:{a:b:c}").has_value());   // raw ':'
+  EXPECT_FALSE(parse_record_key("idem:", "idem:{a%3a:b}").has_value());  // lowercase
+  EXPECT_FALSE(parse_record_key("idem:", "idem:{a%41:b}").has_value());  // 'A' escaped
+  EXPECT_FALSE(parse_record_key("idem:", "idem:{a%3:b}").has_value());   // truncated
 }
 
 // A value built by hand from the layout in redis_layout.h.
@@ -158,8 +174,8 @@ TEST(RedisLayout, MalformedValuesAreRejected) {
   std::string fp;
   append_fingerprint_section(fp, "fp");
   EXPECT_FALSE(decode_record("").has_value());
-  EXPECT_FALSE(decode_record(value('X', 1, 2, 3, 4, 5, fp)).has_value());      // unknown kind
-  EXPECT_FALSE(decode_record(value('P', 1, 2, 3, 4, 5, "")).has_value());      // no fp section
+  EXPECT_FALSE(decode_record(value('X', 1, 2, 3, 4, 5, fp)).has_value());        // unknown kind
+  EXPECT_FALSE(decode_record(value('P', 1, 2, 3, 4, 5, "")).has_value());        // no fp section
   EXPECT_FALSE(decode_record(value('P', 1, 2, 3, 4, 5, fp + "x")).has_value());  // payload
   EXPECT_FALSE(decode_record(value('C', 1, 2, 3, 4, 5, fp.substr(0, 6))).has_value());
   EXPECT_TRUE(decode_record(value('T', 1, 0, 0, 0, 0, "")).has_value());

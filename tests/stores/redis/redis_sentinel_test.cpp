@@ -10,9 +10,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -34,10 +34,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-::testing::Environment* const kSentinelEnvironment =
-    ::testing::AddGlobalTestEnvironment(new ServerEnvironment(
-        "IDEM_TEST_REDIS_SENTINEL_URL",
-        "source scripts/servers.sh and run idem_start_redis_sentinel"));
+::testing::Environment* const kSentinelEnvironment = ::testing::AddGlobalTestEnvironment(
+    new ServerEnvironment("IDEM_TEST_REDIS_SENTINEL_URL",
+                          "source scripts/servers.sh and run idem_start_redis_sentinel"));
 
 std::string sentinel_url() {
   const char* v = std::getenv("IDEM_TEST_REDIS_SENTINEL_URL");
@@ -56,8 +55,8 @@ IDEM_INSTANTIATE_STORE_CONFORMANCE(
     RedisSentinel,
     StoreTestContext{.name = "redis_sentinel",
                      .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
-                       return open_store(with_param(sentinel_url(), "prefix",
-                                                    fresh_prefix("sentinel")));
+                       return open_store(
+                           with_param(sentinel_url(), "prefix", fresh_prefix("sentinel")));
                      },
                      .fake_clock = false,
                      .tick = Duration{200},
@@ -88,7 +87,8 @@ TEST(RedisSentinel, AnUnknownServiceIsRefusedSayingSo) {
 TEST(RedisSentinel, NoSentinelReachableIsRefusedSayingSo) {
   const std::string url = "redis+sentinel://127.0.0.1:" + std::to_string(unused_port()) +
                           ",127.0.0.1:" + std::to_string(unused_port()) + "/idemtest";
-  expect_unavailable([&] { (void)open_store(url); }, {"no sentinel named a primary", "cannot connect"});
+  expect_unavailable([&] { (void)open_store(url); },
+                     {"no sentinel named a primary", "cannot connect"});
 }
 
 TEST(RedisSentinel, UrlNeedsAServiceAndPorts) {
@@ -187,7 +187,6 @@ TEST(RedisSentinel, AForcedFailoverUnderLoadKeepsEveryRecordedKey) {
   }
 }
 
-
 #ifdef IDEM_BINARY
 // The tool on this setup: `idem run` twice with one key runs the command once and replays
 // its output the second time.
@@ -197,10 +196,10 @@ TEST(RedisSentinel, TheToolRunsACommandOnceAndReplaysIt) {
   const std::string runs = dir + "/runs";
   const std::string url = with_param(sentinel_url(), "prefix", fresh_prefix("tool"));
   for (int i = 0; i < 2; ++i) {
-    const cli::test::ProcessResult r = cli::test::run_process(
-        {IDEM_BINARY, "run", "--store", url, "--key", "k", "--", "sh", "-c",
-         "echo ran >> '" + runs + "'; echo out"},
-        {});
+    const cli::test::ProcessResult r =
+        cli::test::run_process({IDEM_BINARY, "run", "--store", url, "--key", "k", "--", "sh", "-c",
+                                "echo ran >> '" + runs + "'; echo out"},
+                               {});
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, "out\n") << r.err;
   }

@@ -19,10 +19,10 @@
 #include "idem/executor.h"
 #include "idem/open_store.h"
 #include "idem/stores/redis_store.h"
+#include "idem/testing/matchers.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
 #include "support/eventually.h"
-#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {
@@ -56,7 +56,8 @@ TEST_F(PrivateRedisTest, CallsQueuedDuringARoundTripGoOutTogetherInTheNextOne) {
     const std::string key = "k" + std::to_string(i);
     const AcquireResult r = store->acquire("s", key, 30s, 1h);
     if (std::holds_alternative<Acquired>(r)) ++acquired;
-    if (const auto* replay = std::get_if<Replay>(&r); replay && replay->payload == "result " + key) {
+    if (const auto* replay = std::get_if<Replay>(&r);
+        replay && replay->payload == "result " + key) {
       ++replayed;
     }
   };
@@ -242,18 +243,19 @@ TEST_F(PrivateRedisTest, AclUserWithRightCredentialsWorksAndWrongOnesAreNamed) {
   ASSERT_TRUE(server.ok());
   RawRedis raw(server.port());
   // The least the store needs: its scripts and the commands they call, on its own keys.
-  ASSERT_EQ(raw.text({"ACL", "SETUSER", "app", "on", ">s3cret-pw", "~idem-acl:*", "+evalsha",
-                      "+eval", "+script|load", "+info", "+get", "+set", "+del", "+append",
-                      "+time"}),
-            "OK");
+  ASSERT_EQ(
+      raw.text({"ACL", "SETUSER", "app", "on", ">s3cret-pw", "~idem-acl:*", "+evalsha", "+eval",
+                "+script|load", "+info", "+get", "+set", "+del", "+append", "+time"}),
+      "OK");
   ASSERT_EQ(raw.text({"ACL", "SETUSER", "nodel", "on", ">other-pw", "~idem-acl:*", "+evalsha",
                       "+eval", "+script|load", "+info", "+get", "+set", "+append", "+time"}),
             "OK");
-  const std::string base = "redis://app:s3cret-pw@127.0.0.1:" + std::to_string(server.port()) +
-                           "/0?prefix=idem-acl:";
+  const std::string base =
+      "redis://app:s3cret-pw@127.0.0.1:" + std::to_string(server.port()) + "/0?prefix=idem-acl:";
   {
     auto store = open_store(base);
-    EXPECT_EQ(store->describe(), "redis://app:***@127.0.0.1:" + std::to_string(server.port()) + "/0");
+    EXPECT_EQ(store->describe(),
+              "redis://app:***@127.0.0.1:" + std::to_string(server.port()) + "/0");
     const Lease lease = std::get<Acquired>(store->acquire("s", "k", 30s, 1h)).lease;
     ASSERT_TRUE(store->extend("s", "k", lease.token, 1min).done());
     ASSERT_THAT(store->complete("s", "k", lease.token, "p", 1h), IsDone());
@@ -266,8 +268,8 @@ TEST_F(PrivateRedisTest, AclUserWithRightCredentialsWorksAndWrongOnesAreNamed) {
   const std::string port = std::to_string(server.port());
   expect_unavailable(
       [&] { (void)open_store("redis://app:wrong-pw@127.0.0.1:" + port + "/0?prefix=idem-acl:"); },
-      {"redis://app:***@127.0.0.1:" + port + "/0", "authentication failed (wrong user name or password)",
-       "WRONGPASS"});
+      {"redis://app:***@127.0.0.1:" + port + "/0",
+       "authentication failed (wrong user name or password)", "WRONGPASS"});
   const std::optional<StoreUnavailable> noperm = expect_unavailable(
       [&] {
         auto store = open_store("redis://nodel:other-pw@127.0.0.1:" + port + "/0?prefix=idem-acl:");

@@ -3,6 +3,8 @@
 // server clock that stepped back), the batched extend, the GET replay path, a read-only
 // store and the executor's heartbeat over Redis.
 
+#include "idem/stores/redis_store.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,11 +21,10 @@
 #include "idem/error.h"
 #include "idem/executor.h"
 #include "idem/open_store.h"
-#include "idem/stores/redis_store.h"
+#include "idem/testing/matchers.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
 #include "support/eventually.h"
-#include "idem/testing/matchers.h"
 
 namespace idem::testing {
 namespace {
@@ -117,7 +118,8 @@ TEST_F(RedisStoreTest, HostileScopesAndKeysRoundTripUnderTheirOwnRedisKeys) {
 
 TEST_F(RedisStoreTest, UnixSocketUrlReachesTheSameRecordsAsTcp) {
   const char* socket = std::getenv("IDEM_TEST_REDIS_SOCKET");
-  IDEM_SKIP_OR_FAIL_UNLESS(socket != nullptr && *socket != '\0', "IDEM_TEST_REDIS_SOCKET is not set");
+  IDEM_SKIP_OR_FAIL_UNLESS(socket != nullptr && *socket != '\0',
+                           "IDEM_TEST_REDIS_SOCKET is not set");
   auto tcp = open();
   auto local = open_store(std::string("unix://") + socket + "?db=0&prefix=" + options_.prefix);
   EXPECT_EQ(local->describe(), std::string("unix://") + socket);
@@ -265,14 +267,14 @@ TEST_F(RedisStoreTest, TokensIssuedAheadOfTheServerClockStillOrderLaterTokens) {
   // token) reads as absent, and its token still orders the next one.
   const std::uint64_t later = future + 5'000'000;
   const std::string k = redis_key("s", "tombstone");
-  ASSERT_EQ(raw.text({"SET", k, value('T', later, 0, 0, 0, 0, ""), "PXAT",
-                      std::to_string(later / 1000)}),
-            "OK");
+  ASSERT_EQ(
+      raw.text({"SET", k, value('T', later, 0, 0, 0, 0, ""), "PXAT", std::to_string(later / 1000)}),
+      "OK");
   EXPECT_EQ(store->get("s", "tombstone"), std::nullopt);
   EXPECT_FALSE(store->forget("s", "tombstone"));
-  ASSERT_EQ(raw.text({"SET", k, value('T', later, 0, 0, 0, 0, ""), "PXAT",
-                      std::to_string(later / 1000)}),
-            "OK");
+  ASSERT_EQ(
+      raw.text({"SET", k, value('T', later, 0, 0, 0, 0, ""), "PXAT", std::to_string(later / 1000)}),
+      "OK");
   const AcquireResult r = store->acquire("s", "tombstone", 30s, 1h);
   ASSERT_THAT(r, IsFreshlyAcquired());
   EXPECT_GT(std::get<Acquired>(r).lease.token, later);
@@ -342,11 +344,11 @@ TEST_F(RedisStoreTest, ReplayFromAPlainGetNeverServesAnExpiredResult) {
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
   const std::uint64_t future = static_cast<std::uint64_t>(now_ms + 60'000) * 1000;
-  ASSERT_EQ(raw.text({"SET", redis_key("s", "k"),
-                      value('C', future, now_ms - 2000, 0, now_ms - 1000, 0,
-                            no_fingerprint() + "stale"),
-                      "PXAT", std::to_string(future / 1000)}),
-            "OK");
+  ASSERT_EQ(
+      raw.text({"SET", redis_key("s", "k"),
+                value('C', future, now_ms - 2000, 0, now_ms - 1000, 0, no_fingerprint() + "stale"),
+                "PXAT", std::to_string(future / 1000)}),
+      "OK");
   const AcquireResult r = store->acquire("s", "k", 30s, 1h);
   ASSERT_THAT(r, IsFreshlyAcquired());
   EXPECT_GT(std::get<Acquired>(r).lease.token, future);
@@ -407,9 +409,8 @@ TEST_F(RedisStoreTest, HeartbeatKeepsALongActionsLeaseThroughBatchedExtends) {
   const auto r = executor.run("s", "long", [&](const Attempt& attempt) {
     // Wait (bounded) until the heartbeat has pushed the lease out three times over.
     const Timestamp first = store->get("s", "long").value().lease_expires_at;
-    EXPECT_TRUE(eventually([&] {
-      return store->get("s", "long").value().lease_expires_at - first >= 900ms;
-    }));
+    EXPECT_TRUE(eventually(
+        [&] { return store->get("s", "long").value().lease_expires_at - first >= 900ms; }));
     EXPECT_FALSE(attempt.lease_lost());
     return std::string("finished");
   });
@@ -429,13 +430,17 @@ TEST_F(RedisStoreTest, ThirtyTwoCallersOfRunShareTheConnections) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kCalls; ++i) {
         // Half the keys are shared by pairs of threads, so some calls replay.
-        const std::string key = i % 2 == 0 ? "own-" + std::to_string(t) + "-" + std::to_string(i)
-                                           : "pair-" + std::to_string(t / 2) + "-" + std::to_string(i);
+        const std::string key = i % 2 == 0
+                                    ? "own-" + std::to_string(t) + "-" + std::to_string(i)
+                                    : "pair-" + std::to_string(t / 2) + "-" + std::to_string(i);
         try {
-          const auto r = executor.run("s", key, [&](const Attempt&) {
-            ++ran;
-            return key;
-          }, CallOptions{.wait = WaitPolicy{.max_wait = 10s}});
+          const auto r = executor.run(
+              "s", key,
+              [&](const Attempt&) {
+                ++ran;
+                return key;
+              },
+              CallOptions{.wait = WaitPolicy{.max_wait = 10s}});
           EXPECT_EQ(r.value, key);
         } catch (const std::exception& e) {
           ADD_FAILURE() << e.what();

@@ -31,8 +31,7 @@ std::string fresh_prefix(const std::string& stem) {
          std::to_string(counter.fetch_add(1)) + ":";
 }
 
-std::string with_param(const std::string& url, const std::string& param,
-                       const std::string& value) {
+std::string with_param(const std::string& url, const std::string& param, const std::string& value) {
   return url + (url.find('?') == std::string::npos ? "?" : "&") + param + "=" + value;
 }
 
@@ -200,12 +199,23 @@ RedisStoreOptions PrivateRedis::options() const {
 }
 
 void PrivateRedis::start() {
-  std::vector<std::string> full = {"redis-server",   "--bind",       "127.0.0.1",
-                                   "--port",         std::to_string(port_),
-                                   "--unixsocket",   socket(),       "--unixsocketperm",
-                                   "700",            "--save",       "",
-                                   "--appendonly",   "no",           "--dir",
-                                   dir_,             "--logfile",    dir_ + "/redis.log"};
+  std::vector<std::string> full = {"redis-server",
+                                   "--bind",
+                                   "127.0.0.1",
+                                   "--port",
+                                   std::to_string(port_),
+                                   "--unixsocket",
+                                   socket(),
+                                   "--unixsocketperm",
+                                   "700",
+                                   "--save",
+                                   "",
+                                   "--appendonly",
+                                   "no",
+                                   "--dir",
+                                   dir_,
+                                   "--logfile",
+                                   dir_ + "/redis.log"};
   full.insert(full.end(), args_.begin(), args_.end());
   std::vector<char*> argv;
   for (std::string& a : full) argv.push_back(a.data());

@@ -36,23 +36,23 @@ std::string tls_url_with(const std::string& host, const std::string& query) {
 }
 
 IDEM_INSTANTIATE_STORE_CONFORMANCE(
-    RedisTls, StoreTestContext{.name = "redis_tls",
-                               .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
-                                 return open_store(with_param(tls_url(), "prefix",
-                                                              fresh_prefix("tls")));
-                               },
-                               .fake_clock = false,
-                               .tick = Duration{200},
-                               .native_expiry = true,
-                               .store_wide_tokens = true});
+    RedisTls,
+    StoreTestContext{.name = "redis_tls",
+                     .make = [](std::shared_ptr<ManualClock>) -> std::shared_ptr<Store> {
+                       return open_store(with_param(tls_url(), "prefix", fresh_prefix("tls")));
+                     },
+                     .fake_clock = false,
+                     .tick = Duration{200},
+                     .native_expiry = true,
+                     .store_wide_tokens = true});
 
 void works(const std::shared_ptr<Store>& store) {
   const AcquireResult r = store->acquire("s", "k", Duration{10000}, Duration{60000});
   ASSERT_TRUE(std::holds_alternative<Acquired>(r));
   const Token token = std::get<Acquired>(r).lease.token;
   EXPECT_EQ(store->complete("s", "k", token, "done", Duration{60000}), WriteResult::kDone);
-  EXPECT_TRUE(std::holds_alternative<Replay>(
-      store->acquire("s", "k", Duration{10000}, Duration{60000})));
+  EXPECT_TRUE(
+      std::holds_alternative<Replay>(store->acquire("s", "k", Duration{10000}, Duration{60000})));
 }
 
 TEST(RedisTls, ChecksTheCertificateAgainstTheGivenCa) {
@@ -66,23 +66,24 @@ TEST(RedisTls, ByHostNameSendsItAsSniAndChecksIt) {
 TEST(RedisTls, CaDirectory) {
   // OpenSSL looks CAs up in a directory by subject hash: link the CA under its hash.
   const std::string dir = env("IDEM_TEST_REDIS_TLS_DIR") + "/ca-dir";
-  ASSERT_EQ(std::system(("mkdir -p " + dir + " && cp " + cert("ca.crt") + " " + dir +
-                         "/ && openssl rehash " + dir + " 2>/dev/null || c_rehash " + dir +
-                         " >/dev/null")
-                            .c_str()),
-            0);
+  ASSERT_EQ(
+      std::system(("mkdir -p " + dir + " && cp " + cert("ca.crt") + " " + dir +
+                   "/ && openssl rehash " + dir + " 2>/dev/null || c_rehash " + dir + " >/dev/null")
+                      .c_str()),
+      0);
   works(open_store(tls_url_with("127.0.0.1", "tls_ca_dir=" + dir)));
 }
 
 TEST(RedisTls, ClientCertificate) {
-  works(open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("ca.crt") + "&tls_cert=" +
-                                                 cert("client.crt") + "&tls_key=" +
-                                                 cert("client.key"))));
+  works(open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("ca.crt") +
+                                                 "&tls_cert=" + cert("client.crt") +
+                                                 "&tls_key=" + cert("client.key"))));
 }
 
 TEST(RedisTls, AWrongCaIsRefusedSayingSo) {
-  expect_unavailable([] { (void)open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("wrong-ca.crt"))); },
-                     {"not signed by a trusted CA", "tls_ca="});
+  expect_unavailable(
+      [] { (void)open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("wrong-ca.crt"))); },
+      {"not signed by a trusted CA", "tls_ca="});
 }
 
 TEST(RedisTls, WithoutACaTheSystemCasRefuseAPrivateCa) {
@@ -93,8 +94,8 @@ TEST(RedisTls, WithoutACaTheSystemCasRefuseAPrivateCa) {
 TEST(RedisTls, AWrongServerNameIsRefusedSayingSo) {
   expect_unavailable(
       [] {
-        (void)open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("ca.crt") +
-                                                       "&tls_server_name=wrong.example"));
+        (void)open_store(tls_url_with(
+            "127.0.0.1", "tls_ca=" + cert("ca.crt") + "&tls_server_name=wrong.example"));
       },
       {"not for \"wrong.example\"", "wrong host name"});
 }
@@ -102,19 +103,20 @@ TEST(RedisTls, AWrongServerNameIsRefusedSayingSo) {
 TEST(RedisTls, AnExpiredCertificateIsRefusedSayingSo) {
   // A server of the test's own, with the certificate that expired in 2020.
   const int port = unused_port();
-  PrivateRedis server({"--tls-port", std::to_string(port), "--tls-cert-file",
-                       cert("expired.crt"), "--tls-key-file", cert("expired.key"),
-                       "--tls-ca-cert-file", cert("ca.crt"), "--tls-auth-clients", "no"});
+  PrivateRedis server({"--tls-port", std::to_string(port), "--tls-cert-file", cert("expired.crt"),
+                       "--tls-key-file", cert("expired.key"), "--tls-ca-cert-file", cert("ca.crt"),
+                       "--tls-auth-clients", "no"});
   ASSERT_TRUE(server.ok());
-  const std::string url = "rediss://127.0.0.1:" + std::to_string(port) + "/0?tls_ca=" + cert("ca.crt");
+  const std::string url =
+      "rediss://127.0.0.1:" + std::to_string(port) + "/0?tls_ca=" + cert("ca.crt");
   expect_unavailable([&] { (void)open_store(url); }, {"the server's certificate has expired"});
   // The same server without the check: the certificate's dates are not looked at.
   works(open_store(url + "&tls_verify=off&prefix=" + fresh_prefix("expired")));
 }
 
 TEST(RedisTls, VerifyOffAcceptsAnyCertificateAndSaysSo) {
-  auto store = open_store(
-      tls_url_with("127.0.0.1", "tls_ca=" + cert("wrong-ca.crt") + "&tls_verify=off"));
+  auto store =
+      open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("wrong-ca.crt") + "&tls_verify=off"));
   works(store);
   EXPECT_EQ(store->describe(), "rediss://127.0.0.1:" + tls_port() + "/0?tls_verify=off");
 }
@@ -143,9 +145,9 @@ TEST(RedisTls, TlsOptionsNeedRediss) {
                InvalidArgument);
   EXPECT_THROW((void)open_store("rediss://127.0.0.1:" + tls_port() + "/0?tls_verify=maybe"),
                InvalidArgument);
-  EXPECT_THROW((void)open_store("rediss://127.0.0.1:" + tls_port() + "/0?tls_cert=" +
-                                cert("client.crt")),
-               InvalidArgument);
+  EXPECT_THROW(
+      (void)open_store("rediss://127.0.0.1:" + tls_port() + "/0?tls_cert=" + cert("client.crt")),
+      InvalidArgument);
 }
 
 }  // namespace

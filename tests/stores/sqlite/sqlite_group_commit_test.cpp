@@ -30,10 +30,10 @@
 #include "idem/error.h"
 #include "idem/stores/memory_store.h"
 #include "idem/stores/sqlite_store.h"
+#include "idem/testing/matchers.h"
 #include "stores/sqlite/sqlite_test_util.h"
 #include "stores/sqlite/sqlite_write_queue.h"
 #include "support/eventually.h"
-#include "idem/testing/matchers.h"
 
 namespace idem {
 namespace {
@@ -76,9 +76,9 @@ struct Call {
   std::string payload;
   std::vector<std::pair<std::string, Token>> extends;  // extend_many: (key, token)
 
-  Timestamp now{};        // the (fake) clock during the call
-  std::string outcome;    // the result as the testing kit prints it, or "error: <what>"
-  bool queued = false;    // applied in a batch (else an acquire answered by its first read)
+  Timestamp now{};      // the (fake) clock during the call
+  std::string outcome;  // the result as the testing kit prints it, or "error: <what>"
+  bool queued = false;  // applied in a batch (else an acquire answered by its first read)
   WritePosition position;
   // For an acquire answered by its first read: the batches it may have seen, by number.
   std::uint64_t first_batch = 0;
@@ -158,8 +158,7 @@ std::optional<std::string> read_answer(const std::optional<Record>& record, Time
 // in-memory store at the same instants, and expects the very same outcome from each. An
 // acquire answered by its read must match the model's record at the end of some batch it
 // may have seen. Counts in `shared` the calls that shared their batch with others.
-void expect_same_as_sequential_model(std::vector<Call> calls,
-                                     const std::vector<std::string>& keys,
+void expect_same_as_sequential_model(std::vector<Call> calls, const std::vector<std::string>& keys,
                                      std::size_t* shared = nullptr) {
   std::vector<Call*> applied;
   std::vector<const Call*> reads;
@@ -301,20 +300,20 @@ TEST(SqliteGroupCommit, ABatchGivesEachOperationTheOutcomeItWouldHaveAlone) {
   // Tokens come from one counter, so the batch's first acquire will be granted token 4.
   const Token next = 4;
   std::vector<Call> batch = {
-      extend("held", 1),                 // the leader, alone in its transaction
-      acquire("new"),                    // fresh: token 4
-      acquire("new"),                    // the same key again: Busy, by the write above
-      complete("new", next, "result"),   // completes a lease granted in this very batch
-      acquire("new"),                    // Replay of it
-      complete("new", next, "result"),   // a repeated complete: done, changes nothing
-      release("held", 1),                // deletes "held"
-      extend("held", 1),                 // fenced: released just before
-      acquire("stale"),                  // steals: token 5, attempt 2
-      complete("stale", 3, "late"),      // the old owner, fenced by the steal
-      acquire("other"),                  // fresh: token 6
+      extend("held", 1),                // the leader, alone in its transaction
+      acquire("new"),                   // fresh: token 4
+      acquire("new"),                   // the same key again: Busy, by the write above
+      complete("new", next, "result"),  // completes a lease granted in this very batch
+      acquire("new"),                   // Replay of it
+      complete("new", next, "result"),  // a repeated complete: done, changes nothing
+      release("held", 1),               // deletes "held"
+      extend("held", 1),                // fenced: released just before
+      acquire("stale"),                 // steals: token 5, attempt 2
+      complete("stale", 3, "late"),     // the old owner, fenced by the steal
+      acquire("other"),                 // fresh: token 6
       extend_many({{"new", next}, {"stale", 5}, {"other", 6}, {"done", 2}}),
       forget("done"),
-      complete("done", 2, "again"),      // fenced: forgotten just before
+      complete("done", 2, "again"),  // fenced: forgotten just before
   };
   run_as_one_batch(*s.store, *s.clock, s.path, batch);
   EXPECT_THAT(batch[1].outcome, HasSubstr("token=4"));
@@ -349,10 +348,12 @@ TEST(SqliteGroupCommit, ManyThreadsOnOverlappingKeysGetTheOutcomesOfASequentialO
     RawDb raw(path);
     while (!stop) {
       if (raw.exec("BEGIN IMMEDIATE", /*expect_ok=*/false) == SQLITE_OK) {
-        eventually([&] {
-          const SqliteWriteStats w = store->write_stats();
-          return stop || w.in_flight + w.queued >= 3;
-        }, 100ms);
+        eventually(
+            [&] {
+              const SqliteWriteStats w = store->write_stats();
+              return stop || w.in_flight + w.queued >= 3;
+            },
+            100ms);
         raw.exec("ROLLBACK");
       }
       eventually([&] { return stop || store->write_stats().queued == 0; }, 100ms);
@@ -480,12 +481,12 @@ TEST_P(SqliteGroupCommitFailure, FailsOnlyTheOperationThatFailed) {
   auto store = make_store(path, clock);
 
   std::vector<Call> batch = {
-      extend("a", 1),             // the leader, alone
-      extend("a", 1),             // the batch: before the failure
+      extend("a", 1),  // the leader, alone
+      extend("a", 1),  // the batch: before the failure
       complete("b", 2, "small"),
-      complete("big", 4, big),    // fails
-      release("c", 3),            // after the failure
-      acquire("d"),               // fresh: token 5
+      complete("big", 4, big),  // fails
+      release("c", 3),          // after the failure
+      acquire("d"),             // fresh: token 5
   };
   run_as_one_batch(*store, *clock, path, batch);
   const char* cause =

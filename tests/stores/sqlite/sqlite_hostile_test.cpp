@@ -11,16 +11,16 @@
 
 #include <filesystem>
 #include <iostream>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
-#include "testing/conformance/test_data.h"
 #include "idem/error.h"
 #include "idem/stores/sqlite_store.h"
 #include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 #include "stores/sqlite/sqlite_test_util.h"
+#include "testing/conformance/test_data.h"
 
 namespace idem::testing {
 namespace {
@@ -144,8 +144,7 @@ TEST_P(SqliteDamagedFile, EveryCallAnswersTruthfullyOrNamesTheFile) {
 
 INSTANTIATE_TEST_SUITE_P(Damage, SqliteDamagedFile,
                          ::testing::Values(Damage::kTruncateToZero, Damage::kTruncateToHalf,
-                                           Damage::kGarbageEverywhere,
-                                           Damage::kGarbageAfterHeader),
+                                           Damage::kGarbageEverywhere, Damage::kGarbageAfterHeader),
                          [](const auto& info) { return to_string(info.param); });
 
 }  // namespace

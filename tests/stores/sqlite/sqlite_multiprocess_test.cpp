@@ -26,9 +26,9 @@ namespace {
 using namespace std::chrono_literals;
 using testing::fresh_db_path;
 using ::testing::HasSubstr;
+using testing::kWorkerTimeoutMs;
 using testing::RawDb;
 using ::testing::StartsWith;
-using testing::kWorkerTimeoutMs;
 using testing::Worker;
 
 std::string url_of(const std::string& path) { return "sqlite://" + path; }
@@ -137,7 +137,8 @@ TEST(SqliteMultiProcess, AProcessWritesWhileAnotherHammersTheFile) {
   constexpr int kMine = 100;
   int mine = 0;
   std::vector<std::string> errors;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(kWorkerTimeoutMs);
+  const auto give_up =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kWorkerTimeoutMs);
   while ((mine < kMine || hammered() < hammered_before + kMine) &&
          std::chrono::steady_clock::now() < give_up) {
     const std::string key = "mine-" + std::to_string(mine++);

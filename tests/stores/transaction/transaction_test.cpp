@@ -3,6 +3,8 @@
 // connection is a real sqlite3* on the store's file, or a real PGconn* on the store's
 // database, and the caller's own writes go to an `effects` table beside idem's records.
 
+#include "idem/transaction.h"
+
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -23,7 +25,6 @@
 #include "idem/store_wrapper.h"
 #include "idem/stores/memory_store.h"
 #include "idem/stores/sqlite_store.h"
-#include "idem/transaction.h"
 #include "stores/transaction/caller_conn.h"
 #include "support/eventually.h"
 
@@ -91,8 +92,7 @@ class PgDatabase final : public Database {
   PgDatabase() : table_(testing::fresh_table("tx")), effects_(table_ + "_effects") {
     store_ = std::make_shared<PostgresStore>(
         PostgresStoreOptions{.conninfo = testing::postgres_url(), .table = table_});
-    PgConn(testing::postgres_url())
-        .exec("CREATE TABLE " + effects_ + " (k text NOT NULL, v text)");
+    PgConn(testing::postgres_url()).exec("CREATE TABLE " + effects_ + " (k text NOT NULL, v text)");
   }
   ~PgDatabase() override {
     store_.reset();
@@ -145,8 +145,8 @@ class TransactionTest : public ::testing::TestWithParam<std::string> {
     return "INSERT INTO " + db_->effects() + " (k, v) VALUES ('" + key + "', '" + v + "')";
   }
   long long effects_of(const std::string& key) {
-    return db_->connect()->count("SELECT count(*) FROM " + db_->effects() + " WHERE k = '" +
-                                 key + "'");
+    return db_->connect()->count("SELECT count(*) FROM " + db_->effects() + " WHERE k = '" + key +
+                                 "'");
   }
   std::optional<Record> record(std::string_view key) { return db_->store()->get("s", key); }
 
@@ -485,12 +485,13 @@ TEST_P(TransactionTest, OpenTransactionNowaitAnswersBusyAtOnce) {
   other->begin();
   OpenTransactionOptions nowait;
   nowait.nowait = true;
-  EXPECT_THROW(exec.run_in_open_transaction(other->conn(), "s", "k15",
-                                            [&](const Attempt&) -> std::string {
-                                              ADD_FAILURE() << "ran beside the first";
-                                              return "second";
-                                            },
-                                            nowait),
+  EXPECT_THROW(exec.run_in_open_transaction(
+                   other->conn(), "s", "k15",
+                   [&](const Attempt&) -> std::string {
+                     ADD_FAILURE() << "ran beside the first";
+                     return "second";
+                   },
+                   nowait),
                InProgress);
   other->rollback();
   caller_->commit();
@@ -509,9 +510,9 @@ TEST_P(TransactionTest, RefusalsAreClearAndTouchNothing) {
   }
   EXPECT_FALSE(memory.store().get("s", "k13"));
   caller_->begin();
-  EXPECT_THROW(memory.run_in_open_transaction(caller_->conn(), "s", "k13",
-                                              [](const Attempt&) { return 1; }),
-               InvalidArgument);
+  EXPECT_THROW(
+      memory.run_in_open_transaction(caller_->conn(), "s", "k13", [](const Attempt&) { return 1; }),
+      InvalidArgument);
   caller_->rollback();
 
   Executor exec(db_->store(), options());

@@ -84,8 +84,8 @@ Outcome run(const std::string& mode, const std::string& caller, const std::strin
   std::mt19937 rng(12345);
   int seed = 0;
   auto start = [&] {
-    return spawn({mode, caller, store_url, effects, std::to_string(kKeys),
-                  std::to_string(kPauseUs), std::to_string(++seed)});
+    return spawn({mode, caller, store_url, effects, std::to_string(kKeys), std::to_string(kPauseUs),
+                  std::to_string(++seed)});
   };
   std::vector<pid_t> workers;
   for (int i = 0; i < kWorkers; ++i) workers.push_back(start());
@@ -143,10 +143,9 @@ Outcome run(const std::string& mode, const std::string& caller, const std::strin
       out.extra_effects += static_cast<int>(n - 1);
     }
     const auto record = store->get("crash", key);
-    const bool matches =
-        record && record->state == RecordState::kComplete &&
-        setup->count("SELECT count(*) FROM " + effects + " WHERE k = '" + key + "' AND v = '" +
-                     record->payload + "'") == 1;
+    const bool matches = record && record->state == RecordState::kComplete &&
+                         setup->count("SELECT count(*) FROM " + effects + " WHERE k = '" + key +
+                                      "' AND v = '" + record->payload + "'") == 1;
     if (!matches) ++out.records_not_matching;
   }
   std::printf(
@@ -160,8 +159,8 @@ Outcome run(const std::string& mode, const std::string& caller, const std::strin
 }
 
 TEST(TxnCrash, Sqlite) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("idem_txn_crash_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("idem_txn_crash_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "app.db").string();
   {
@@ -174,8 +173,7 @@ TEST(TxnCrash, Sqlite) {
   {
     // A file of its own, so the keys start absent.
     const std::string two = (dir / "two.db").string();
-    const Outcome out =
-        run("two", "sqlite:" + two, "sqlite://" + two + "?shared=1", "effects_two");
+    const Outcome out = run("two", "sqlite:" + two, "sqlite://" + two + "?shared=1", "effects_two");
     EXPECT_GT(out.keys_with_duplicates, 0)
         << "no duplicate in the two-commit flow: the kills missed the window the test exists for";
   }
