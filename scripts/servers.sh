@@ -16,15 +16,24 @@ IDEM_PG_BIN=${IDEM_PG_BIN:-/usr/lib/postgresql/15/bin}
 _idem_server_dirs=()
 _idem_server_stops=()
 
-# A TCP port on 127.0.0.1 that nothing answers on.
+# A TCP port on 127.0.0.1 that nothing answers on. With --bus, port + 10000 is free too (a
+# cluster node's bus). Ports named after the options are never chosen (ones handed out but
+# not yet listening).
 idem_free_port() {
-  local port
+  local port bus=0 taken=" "
+  if [[ ${1:-} == --bus ]]; then
+    bus=1
+    shift
+  fi
+  taken+="$* "
   for _ in $(seq 1 200); do
     port=$((20000 + RANDOM % 30000))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "$port"
-      return 0
-    fi
+    [[ $taken == *" $port "* || $taken == *" $((port + 10000)) "* ]] && continue
+    ((bus)) && [[ $taken == *" $((port - 10000)) "* ]] && continue
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
+    ((bus)) && (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null && continue
+    echo "$port"
+    return 0
   done
   echo "idem_free_port: no free port found" >&2
   return 1
@@ -218,7 +227,7 @@ idem_start_redis_tls() {
   _idem_server_dirs+=("$dir")
   idem_make_tls_certs "$dir" || return 1
   port=$(idem_free_port)
-  plain=$(idem_free_port)
+  plain=$(idem_free_port "$port")
   redis-server --bind 127.0.0.1 --port "$plain" --tls-port "$port" \
     --tls-cert-file "$dir/server.crt" --tls-key-file "$dir/server.key" \
     --tls-ca-cert-file "$dir/ca.crt" --tls-auth-clients optional \
@@ -241,7 +250,7 @@ idem_start_redis_sentinel() {
   dir=$(mktemp -d /tmp/idem-redis-sentinel.XXXXXX)
   _idem_server_dirs+=("$dir")
   primary=$(idem_free_port)
-  replica=$(idem_free_port)
+  replica=$(idem_free_port "$primary")
   for name in primary replica; do
     local p=${!name}
     mkdir -p "$dir/$name"
@@ -293,7 +302,7 @@ idem_start_redis_cluster() {
   dir=$(mktemp -d /tmp/idem-redis-cluster.XXXXXX)
   _idem_server_dirs+=("$dir")
   for i in 1 2 3 4 5 6; do
-    p=$(idem_free_port)
+    p=$(idem_free_port --bus "${ports[@]}") || return 1
     mkdir -p "$dir/n$i"
     redis-server --bind 127.0.0.1 --port "$p" --cluster-enabled yes \
       --cluster-config-file "$dir/n$i/nodes.conf" --cluster-node-timeout 2000 \
@@ -302,7 +311,9 @@ idem_start_redis_cluster() {
     _idem_server_stops+=("kill \$(cat '$dir/n$i/redis.pid')")
     ports+=("$p")
   done
-  for p in "${ports[@]}"; do idem_wait_redis "$p" "$dir/n1/redis.log" || return 1; done
+  for i in 1 2 3 4 5 6; do
+    idem_wait_redis "${ports[i - 1]}" "$dir/n$i/redis.log" || return 1
+  done
   local addrs=()
   for p in "${ports[@]}"; do addrs+=("127.0.0.1:$p"); done
   redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
