@@ -14,6 +14,7 @@
 #include <string>
 #include <system_error>
 
+#include "core/percent_encoding.h"
 #include "idem/error.h"
 #include "idem_store_factories.h"
 
@@ -45,10 +46,10 @@ void refuse_hostile_bytes(const Url& url) {
                                                " holds a NUL byte (%00), which no store can use");
       }
       if (controls && (u < 0x20 || u == 0x7f)) {
-        static constexpr char kHex[] = "0123456789ABCDEF";
+        std::string escape;
+        detail::append_percent_escape(escape, u);
         throw InvalidArgument("store URL", "the " + std::string(part) +
-                                               " holds a control character (%" + kHex[u >> 4] +
-                                               kHex[u & 0xf] + ")");
+                                               " holds a control character (" + escape + ")");
       }
     }
   };
@@ -113,18 +114,10 @@ std::string default_store_path() {
 }
 
 std::string sqlite_store_url(std::string_view path) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out = "sqlite://";
-  for (const char c : path) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u <= 0x20 || u >= 0x7f || c == '%' || c == '?' || c == '#') {
-      out += '%';
-      out += kHex[u >> 4];
-      out += kHex[u & 0xf];
-    } else {
-      out += c;
-    }
-  }
+  detail::append_percent_encoded(out, path, [](unsigned char u) {
+    return u > 0x20 && u < 0x7f && u != '%' && u != '?' && u != '#';
+  });
   return out;
 }
 

@@ -24,22 +24,12 @@
 
 namespace idem::testing {
 
-// Bytes for a failure message: their size and first 32 bytes, escaped (payloads can be many
-// MiB, and binary).
+// Bytes for a failure message: their size and first 32 bytes, escaped as idem::printable
+// does (payloads can be many MiB, and binary).
 inline std::string preview(std::string_view bytes) {
   constexpr std::size_t kShown = 32;
   std::string out = std::to_string(bytes.size()) + " bytes \"";
-  for (std::size_t i = 0; i < bytes.size() && i < kShown; ++i) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 0xf]);
-    }
-  }
+  out += printable(bytes.substr(0, kShown), std::string::npos);
   if (bytes.size() > kShown) out += "...";
   return out + "\"";
 }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/percent_encoding.h"
 #include "idem/error.h"
 
 namespace idem::sqlite {
@@ -18,18 +19,10 @@ namespace {
 // `path` as an SQLite URI ("file:/a%20b.db?immutable=1"): everything but unreserved
 // characters and '/' is percent-encoded, so no byte of the path reads as URI syntax.
 std::string immutable_uri(const std::string& path) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string uri = "file:";
-  for (const char c : path) {
-    const auto u = static_cast<unsigned char>(c);
-    if (std::isalnum(u) != 0 || c == '/' || c == '.' || c == '_' || c == '-' || c == '~') {
-      uri += c;
-    } else {
-      uri += '%';
-      uri += kHex[u >> 4];
-      uri += kHex[u & 0xf];
-    }
-  }
+  detail::append_percent_encoded(uri, path, [](unsigned char u) {
+    return std::isalnum(u) != 0 || u == '/' || u == '.' || u == '_' || u == '-' || u == '~';
+  });
   return uri + "?immutable=1";
 }
 
