@@ -4,7 +4,10 @@
 # and Redis servers that this script starts on loopback and stops at the end), the crash
 # soak on every store (release only, one store after another, under a minute each), then the tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, then the
-# libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Prints the time each stage took.
+# libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Hygiene is part of it: every C++
+# file is clang-format clean (scripts/check_format.sh), the builds treat warnings in idem's
+# own code as errors (IDEM_WERROR), and clang-tidy's checks (.clang-tidy, scripts/tidy.sh)
+# run over the release build's sources. Prints the time each stage took.
 # IDEM_TSAN=0 skips the ThreadSanitizer build; IDEM_FUZZ_SECONDS sets the time per fuzzer
 # (default 20 in this script; 0 skips fuzzing).
 # Usage: bash scripts/test.sh
@@ -34,6 +37,9 @@ trap report_stages EXIT
 idem_install_deps
 stage_done "install dependencies"
 
+bash scripts/check_format.sh
+stage_done "format check"
+
 jobs=$(nproc)
 
 # Store tests fail, not skip, when a server they need is missing.
@@ -55,15 +61,36 @@ build_and_test() {
   local name=$1 dir=$2; shift 2
   echo "== configure $dir $*"
   cmake -S . -B "$dir" -G Ninja -DIDEM_WITH_SQLITE=ON -DIDEM_WITH_POSTGRES=ON -DIDEM_WITH_REDIS=ON \
-    -DIDEM_WITH_SYSTEMD=ON "$@" >/dev/null
+    -DIDEM_WITH_SYSTEMD=ON -DIDEM_WERROR=ON "$@" >/dev/null
   echo "== build $dir"
   cmake --build "$dir" -j "$jobs"
   stage_done "$name: build"
+  # clang-tidy over the release build's sources, at the lowest priority beside its tests:
+  # the tests spend much of their time waiting on servers and timers, and take the CPU back
+  # whenever they want it. Its own time is reported when it is waited for.
+  local tidy_pid=
+  if [[ $name == release ]]; then
+    local tidy_log=$dir/tidy.log
+    (
+      t0=$SECONDS
+      if nice -n 19 bash scripts/tidy.sh "$dir" >"$tidy_log" 2>&1; then rc=0; else rc=$?; fi
+      echo "tidy ran for $((SECONDS - t0)) s" >>"$tidy_log"
+      exit "$rc"
+    ) &
+    tidy_pid=$!
+  fi
   echo "== test $dir"
   # The crash soak (label `soak`, release build only) runs alone afterwards: it loads the
   # machine on purpose and kills servers of its own.
   ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 600 -LE soak
   stage_done "$name: test"
+  if [[ -n $tidy_pid ]]; then
+    local tidy_rc=0
+    wait "$tidy_pid" || tidy_rc=$?
+    cat "$dir/tidy.log"
+    stage_done "$name: clang-tidy (its rest, after the tests)"
+    ((tidy_rc == 0)) || return "$tidy_rc"
+  fi
 }
 
 # Debug information is line tables only (-g1) in every build here: enough for a sanitizer's
