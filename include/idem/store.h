@@ -22,6 +22,8 @@
 // exact pair, so ("a:b", "c") and ("a", "b:c") are different records.
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -47,6 +49,16 @@ struct ExtendRequest {
   std::string_view key;
   Token token = 0;
   Duration lease{0};
+};
+
+// A subscription to a record's changes (Store::watch). Destroying it ends the subscription:
+// once the destructor returns, the callback is not running and is never called again.
+class RecordWatch {
+ public:
+  virtual ~RecordWatch() = default;
+  RecordWatch() = default;
+  RecordWatch(const RecordWatch&) = delete;
+  RecordWatch& operator=(const RecordWatch&) = delete;
 };
 
 class Store {
@@ -106,6 +118,18 @@ class Store {
   // An operator's delete, regardless of state. Returns whether a record was deleted.
   bool forget(std::string_view scope, std::string_view key);
 
+  // SPEC §7: asks to be told when (scope, key) may have been completed or released, by any
+  // process using the same store (a waiting duplicate then asks the store again instead of
+  // sleeping out its backoff). `changed` runs on a thread of the store's; it must return
+  // quickly and must not call the store or destroy the watch. It may run when nothing
+  // changed (records share signals), and a change may go untold (a lost notification, an
+  // expiring lease, a completion inside a caller's transaction): a waiter keeps polling,
+  // the notification only shortens its sleep. Null when the store cannot notify (the
+  // default). Thousands of watches share the store's one listener.
+  // REQUIRES: valid scope and key.
+  std::unique_ptr<RecordWatch> watch(std::string_view scope, std::string_view key,
+                                     std::function<void()> changed);
+
   // Names the store for messages, with any password redacted: "sqlite:///var/x.db".
   virtual std::string describe() const = 0;
 
@@ -127,6 +151,9 @@ class Store {
   virtual std::size_t do_purge(std::size_t limit) = 0;
   virtual std::optional<Record> do_get(std::string_view scope, std::string_view key) = 0;
   virtual bool do_forget(std::string_view scope, std::string_view key) = 0;
+  // Not pure: the default cannot notify and returns null.
+  virtual std::unique_ptr<RecordWatch> do_watch(std::string_view scope, std::string_view key,
+                                                std::function<void()> changed);
 
   friend class StoreWrapper;
 };

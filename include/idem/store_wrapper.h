@@ -49,6 +49,10 @@ class StoreWrapper : public Store {
   bool do_forget(std::string_view scope, std::string_view key) override {
     return target_->do_forget(scope, key);
   }
+  std::unique_ptr<RecordWatch> do_watch(std::string_view scope, std::string_view key,
+                                        std::function<void()> changed) override {
+    return target_->do_watch(scope, key, std::move(changed));
+  }
 
  private:
   std::shared_ptr<Store> target_;

@@ -198,6 +198,12 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       }
     } stop_polling{*this, poller};
 
+    // SPEC §7: a store that can notify ends a poll's sleep when the owner, in any process,
+    // completes or releases. Declared before the watch, which must end first.
+    bool woken = false;  // guarded by sleep_mu_
+    std::unique_ptr<RecordWatch> watch;
+    bool watch_asked = false;
+
     for (;;) {
       // SPEC §7: a duplicate of a call in this process waits on it in memory.
       if (auto owner = find_owner(id, hash, poller.get())) {
@@ -257,16 +263,41 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         if (!owners_.add_poller(candidate)) continue;
         poller = std::move(candidate);
       }
+      if (!watch_asked) {
+        watch_asked = true;
+        watch = watch_record(record, woken);
+        // Ask once more now that the watch is on: the owner may have finished before it was.
+        if (watch) continue;
+      }
       // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
-      // time left) nor past the waiting bound. A cancellation or a shutdown ends the sleep.
+      // time left) nor past the waiting bound. A cancellation, a shutdown or the store's
+      // notification ends the sleep.
       const auto pause =
           std::min({backoff.jittered(), SteadyClock::duration(busy.lease_remaining), until - now});
       {
         std::unique_lock lock(sleep_mu_);
-        sleep_cv_.wait_for(lock, call.stop, pause, [&] { return closing(); });
+        sleep_cv_.wait_for(lock, call.stop, pause, [&] { return closing() || woken; });
+        woken = false;
       }
       if (closing()) throw shut_down_error();
       backoff.advance();
+    }
+  }
+
+  // The store's notification for a poller (Store::watch): sets `woken` and wakes the
+  // pollers' sleep. Null when the store cannot notify, or could not start to: the poller
+  // then only polls, which is always correct.
+  std::unique_ptr<RecordWatch> watch_record(const RecordRef& record, bool& woken) {
+    try {
+      return store_->watch(record.scope, record.key, [this, &woken] {
+        {
+          std::lock_guard lock(sleep_mu_);
+          woken = true;
+        }
+        sleep_cv_.notify_all();
+      });
+    } catch (const std::exception&) {
+      return nullptr;
     }
   }
 

@@ -109,4 +109,17 @@ bool Store::forget(std::string_view scope, std::string_view key) {
   return do_forget(scope, key);
 }
 
+std::unique_ptr<RecordWatch> Store::watch(std::string_view scope, std::string_view key,
+                                          std::function<void()> changed) {
+  validate_scope(scope);
+  validate_key(key);
+  if (!changed) throw InvalidArgument("watch callback", "must not be empty");
+  return do_watch(scope, key, std::move(changed));
+}
+
+std::unique_ptr<RecordWatch> Store::do_watch(std::string_view /*scope*/, std::string_view /*key*/,
+                                             std::function<void()> /*changed*/) {
+  return nullptr;
+}
+
 }  // namespace idem

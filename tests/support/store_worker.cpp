@@ -24,6 +24,11 @@
 //       "busy REMAINING_MS" or "replay PAYLOAD".
 //   complete URL KEY TOKEN PAYLOAD TTL_MS
 //       Calls Store::complete once; prints "done" or "fenced".
+//   wait URL KEY BACKOFF_MS
+//       Runs KEY, waiting up to an hour for a busy key and polling every BACKOFF_MS; prints
+//       "waiting" once the store answered busy twice (the executor watches the record by
+//       then, on a store that can notify), then "replay PAYLOAD acquires=N" or
+//       "ran acquires=N" (N: the store's acquire calls), or "error MESSAGE".
 
 #include <atomic>
 #include <chrono>
@@ -32,7 +37,9 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <variant>
 #include <vector>
@@ -40,6 +47,7 @@
 #include "idem/error.h"
 #include "idem/executor.h"
 #include "idem/open_store.h"
+#include "idem/store_wrapper.h"
 
 namespace {
 
@@ -114,6 +122,46 @@ int run_once(const std::string& url, const std::string& key, const std::string& 
       return payload;
     });
     std::cout << (r.replayed ? "replay " + r.value : seen) << std::endl;
+  } catch (const std::exception& e) {
+    std::cout << "error " << e.what() << std::endl;
+  }
+  return 0;
+}
+
+// Counts acquires, and says "waiting" at the second busy answer.
+class CountingAcquires final : public idem::StoreWrapper {
+ public:
+  using StoreWrapper::StoreWrapper;
+  int acquires() const { return acquires_.load(); }
+
+ protected:
+  idem::AcquireResult do_acquire(std::string_view scope, std::string_view key,
+                                 idem::Duration lease, idem::Duration ttl,
+                                 std::optional<std::string_view> fingerprint) override {
+    idem::AcquireResult r = StoreWrapper::do_acquire(scope, key, lease, ttl, fingerprint);
+    const int n = ++acquires_;
+    if (n == 2 && std::holds_alternative<idem::Busy>(r)) std::cout << "waiting" << std::endl;
+    return r;
+  }
+
+ private:
+  std::atomic<int> acquires_{0};
+};
+
+int wait_once(const std::string& url, const std::string& key, int backoff_ms) {
+  try {
+    auto store = std::make_shared<CountingAcquires>(idem::open_store(url));
+    const auto backoff = std::chrono::milliseconds(backoff_ms);
+    idem::Executor exec(
+        store, idem::ExecutorOptions{
+                   .wait = idem::WaitPolicy{.max_wait = 1h,
+                                            .initial_backoff = backoff,
+                                            .max_backoff = backoff},
+                   .on_heartbeat_error = nullptr});
+    auto r = exec.run(kScope, key, [](const idem::Attempt&) { return std::string("mine"); });
+    const std::string acquires = "acquires=" + std::to_string(store->acquires());
+    std::cout << (r.replayed ? "replay " + r.value + " " + acquires : "ran " + acquires)
+              << std::endl;
   } catch (const std::exception& e) {
     std::cout << "error " << e.what() << std::endl;
   }
@@ -198,6 +246,7 @@ int main(int argc, char** argv) {
     if (mode == "complete" && argc == 7) {
       return complete_once(argv[2], argv[3], std::stoull(argv[4]), argv[5], std::stoi(argv[6]));
     }
+    if (mode == "wait" && argc == 5) return wait_once(argv[2], argv[3], std::stoi(argv[4]));
     if (mode == "run" && argc == 7) {
       return run_once(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));
     }

@@ -47,6 +47,11 @@ struct SqliteStoreOptions {
   // (PRAGMA application_id, user_version) stays the application's, and the file is switched
   // to the WAL journal, which idem needs. false: the file must be idem's alone (or new).
   bool shared = false;
+  // SPEC §7: wake waiters on this machine when a record completes or is released, through
+  // a page of counters in a file beside the database (`<path>-wake`, created on open with
+  // the database's permission bits; a read-only store neither creates nor uses it).
+  // false: this store object neither signals nor listens, and waiters poll.
+  bool notify = true;
 };
 
 // What the group commit did so far (SqliteStore::write_stats): every write of a store
@@ -88,6 +93,8 @@ class SqliteStore final : public Store, public TransactionalStore {
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;
+  std::unique_ptr<RecordWatch> do_watch(std::string_view scope, std::string_view key,
+                                        std::function<void()> changed) override;
 
   WriteResult do_complete_in(const SqlConnection& conn, std::string_view scope,
                              std::string_view key, Token token, std::string_view payload,

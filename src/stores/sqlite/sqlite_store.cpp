@@ -21,6 +21,7 @@
 #include "stores/sqlite/sqlite_operations.h"
 #include "stores/sqlite/sqlite_schema.h"
 #include "stores/sqlite/sqlite_url.h"
+#include "stores/sqlite/sqlite_wake.h"
 #include "stores/sqlite/sqlite_write_queue.h"
 
 namespace idem {
@@ -107,6 +108,9 @@ struct SqliteStore::Impl {
   std::atomic<Checkpoint> checkpoint{Checkpoint::kIdle};
   std::atomic<int> wal_frames{0};  // frames in the WAL after the writer's last commit
 
+  // SPEC §7's same-machine signal; null when read-only, turned off or unavailable.
+  std::unique_ptr<sqlite::WakeSignal> wake;
+
   explicit Impl(SqliteStoreOptions options)
       : synchronous(lowercase(std::move(options.synchronous))),
         busy_timeout(options.busy_timeout),
@@ -143,6 +147,12 @@ struct SqliteStore::Impl {
       throw StoreUnavailable(describe, why);
     }
     idle.push_back(open(/*first=*/true));
+    if (options.notify && mode != OpenMode::kReadOnly) wake = sqlite::WakeSignal::open(path);
+  }
+
+  // After a committed write that may end a waiter's wait.
+  void signal(std::string_view scope, std::string_view key) const noexcept {
+    if (wake) wake->notify(scope, key);
   }
 
   std::unique_ptr<PooledConnection> open(bool first) {
@@ -362,6 +372,7 @@ WriteResult SqliteStore::do_complete(std::string_view scope, std::string_view ke
   op.ttl = ttl;
   op.bytes = payload.size();
   impl_->write(op);
+  if (op.written == WriteResult::kDone) impl_->signal(scope, key);
   return op.written;
 }
 
@@ -371,6 +382,7 @@ WriteResult SqliteStore::do_release(std::string_view scope, std::string_view key
   op.key = key;
   op.token = token;
   impl_->write(op);
+  if (op.written == WriteResult::kDone) impl_->signal(scope, key);
   return op.written;
 }
 
@@ -430,7 +442,14 @@ bool SqliteStore::do_forget(std::string_view scope, std::string_view key) {
   op.scope = scope;
   op.key = key;
   impl_->write(op);
+  if (op.deleted > 0) impl_->signal(scope, key);
   return op.deleted > 0;
+}
+
+std::unique_ptr<RecordWatch> SqliteStore::do_watch(std::string_view scope, std::string_view key,
+                                                   std::function<void()> changed) {
+  if (!impl_->wake) return nullptr;
+  return impl_->wake->watch(scope, key, std::move(changed));
 }
 
 // --- SPEC §14: the caller's transaction ---------------------------------------------------

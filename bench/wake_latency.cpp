@@ -1,0 +1,133 @@
+// SPEC §7 on SQLite: how soon a duplicate waiting in another process returns after the
+// owner's complete returns, with the waiters polling alone (notify off) and with the
+// same-machine signal (stores/sqlite/sqlite_wake.h). docs/benchmarks.md quotes it.
+//
+//   wake_latency DB_PATH [SAMPLES] [HOLD_MS]
+//
+// Per sample: the owner (this process) takes a fresh key, a waiter process starts
+// idem::Executor::run on it under the default waiting policy (10 ms growing to 1 s), the
+// owner holds the key HOLD_MS more and completes; the latency is from the complete's return
+// to the waiter's run() returning, both read on CLOCK_MONOTONIC. The two modes take turns,
+// sample by sample, so load on the machine falls on both alike.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+#include "idem/executor.h"
+#include "idem/stores/sqlite_store.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+long long monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool read_all(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  return ::write(fd, data, n) == static_cast<ssize_t>(n);
+}
+
+// The waiter: for each sample index read from `in`, waits on key k<index> and writes the
+// instant its run() returned to `out`.
+[[noreturn]] void waiter(const std::string& path, bool notify, int in, int out) {
+  idem::Executor exec(
+      std::make_shared<idem::SqliteStore>(idem::SqliteStoreOptions{.path = path, .notify = notify}),
+      idem::ExecutorOptions{.wait = idem::WaitPolicy{.max_wait = 30s}});
+  int index = 0;
+  while (read_all(in, &index, sizeof index)) {
+    const std::string key = std::string(notify ? "signal-" : "poll-") + std::to_string(index);
+    (void)exec.run("wake", key, [](const idem::Attempt&) { return std::string("waiter"); });
+    const long long t = monotonic_ns();
+    if (!write_all(out, &t, sizeof t)) break;
+  }
+  std::_Exit(0);
+}
+
+struct Mode {
+  bool notify;
+  pid_t pid = -1;
+  int to = -1, from = -1;
+  std::vector<double> ms;
+};
+
+void start(Mode& m, const std::string& path) {
+  int down[2], up[2];
+  if (::pipe(down) != 0 || ::pipe(up) != 0) std::exit(1);
+  m.pid = ::fork();
+  if (m.pid == 0) {
+    ::close(down[1]);
+    ::close(up[0]);
+    waiter(path, m.notify, down[0], up[1]);
+  }
+  ::close(down[0]);
+  ::close(up[1]);
+  m.to = down[1];
+  m.from = up[0];
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: wake_latency DB_PATH [SAMPLES] [HOLD_MS]\n");
+    return 2;
+  }
+  const std::string path = argv[1];
+  const int samples = argc > 2 ? std::atoi(argv[2]) : 200;
+  const int hold_ms = argc > 3 ? std::atoi(argv[3]) : 30;
+  std::remove(path.c_str());
+  Mode modes[2] = {Mode{.notify = false}, Mode{.notify = true}};
+  // Fork before this process starts any thread of its own.
+  for (Mode& m : modes) start(m, path);
+  idem::SqliteStore store(idem::SqliteStoreOptions{.path = path});
+  for (int i = 0; i < samples; ++i) {
+    for (Mode& m : modes) {
+      const std::string key = std::string(m.notify ? "signal-" : "poll-") + std::to_string(i);
+      auto r = store.acquire("wake", key, 30s, 1h);
+      const idem::Token token = std::get<idem::Acquired>(r).lease.token;
+      if (!write_all(m.to, &i, sizeof i)) return 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+      if (store.complete("wake", key, token, "owner", 1h) != idem::WriteResult::kDone) return 1;
+      const long long done = monotonic_ns();
+      long long returned = 0;
+      if (!read_all(m.from, &returned, sizeof returned)) return 1;
+      m.ms.push_back(static_cast<double>(returned - done) / 1e6);
+    }
+  }
+  for (Mode& m : modes) {
+    ::close(m.to);
+    ::waitpid(m.pid, nullptr, 0);
+    std::printf("%-22s samples=%zu p50=%.2f ms p99=%.2f ms max=%.2f ms\n",
+                m.notify ? "signal (notify on)" : "polling (notify off)", m.ms.size(),
+                percentile(m.ms, 0.5), percentile(m.ms, 0.99), percentile(m.ms, 1.0));
+  }
+  return 0;
+}
