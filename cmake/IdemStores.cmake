@@ -10,8 +10,8 @@
 #                   [PC_REQUIRES <module>...] [PC_LIBS <flag>...] [PRIVATE_LIBS <lib>...]
 #                   [TEST_SERVERS "<name> <env var> [pooler] [<query>]"...] [TEST_ONLY])
 #
-# OPTION is the store's ON/OFF/AUTO cache variable (the caller declares it, with its help
-# text). Unless it is OFF, PACKAGES are looked for with find_package() and PKG_MODULES
+# OPTION is the store's ON/OFF/AUTO cache variable, declared AUTO here unless the root
+# CMakeLists.txt declared it already. Unless it is OFF, PACKAGES are looked for with find_package() and PKG_MODULES
 # (PREFIX=module) with pkg-config; AUTO builds the store when all were found, ON with one
 # missing is a configure error. Without SOURCES the store is part of idem_core (memory).
 #
@@ -44,6 +44,9 @@ function(idem_define_store)
 
   # ON/OFF/AUTO, and the dependencies looked for unless OFF.
   set(build TRUE)
+  if(ARG_OPTION AND NOT DEFINED ${ARG_OPTION})
+    set(${ARG_OPTION} AUTO CACHE STRING "Build the ${name} store (ON, OFF or AUTO)")
+  endif()
   if(ARG_OPTION)
     string(TOUPPER "${${ARG_OPTION}}" value)
     set(found TRUE)
