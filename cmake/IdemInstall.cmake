@@ -6,12 +6,17 @@ install(TARGETS idem_core idem ${_targets} EXPORT idemTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The stores' headers are installed by store, only for the stores built
+# (idem_define_store's PUBLIC_HEADER).
 if(IDEM_TESTING_BUILT)
-  install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+          PATTERN stores EXCLUDE)
 else()
   install(DIRECTORY include/idem DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-          PATTERN testing EXCLUDE)
+          PATTERN stores EXCLUDE PATTERN testing EXCLUDE)
 endif()
+get_property(_headers GLOBAL PROPERTY IDEM_STORE_PUBLIC_HEADERS)
+install(FILES ${_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/idem/stores)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/include/idem/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/idem)
 install(EXPORT idemTargets NAMESPACE idem:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/idem)
@@ -46,15 +51,10 @@ if(BUILD_SHARED_LIBS)
 else()
   set(_pc_requires_field "Requires")
 endif()
+# Each store's modules and libraries, from its idem_define_store() call.
+get_property(_pc_modules GLOBAL PROPERTY IDEM_STORE_PC_REQUIRES)
 set(_pc_requires "")
-if("SQLite3" IN_LIST IDEM_STORE_PACKAGES)
-  string(APPEND _pc_requires " sqlite3")
-endif()
-if("OpenSSL" IN_LIST IDEM_STORE_PACKAGES)
-  string(APPEND _pc_requires " openssl")
-endif()
-foreach(_m IN LISTS IDEM_STORE_PKG_MODULES)
-  string(REGEX REPLACE "^[^=]*=" "" _m "${_m}")
+foreach(_m IN LISTS _pc_modules)
   string(APPEND _pc_requires " ${_m}")
 endforeach()
 set(_pc_libs "-lidem")
@@ -62,12 +62,10 @@ foreach(t IN LISTS _targets)
   string(APPEND _pc_libs " -l${t}")
 endforeach()
 string(APPEND _pc_libs " -lidem_core")
-# libpq by name, not as a required package: Debian's libpq.pc lists its own static
-# dependencies (pgcommon, pgport, gssapi, ...) for --static, and only the shared libpq is
-# installed.
-if("PostgreSQL" IN_LIST IDEM_STORE_PACKAGES)
-  string(APPEND _pc_libs " -lpq")
-endif()
+get_property(_pc_store_libs GLOBAL PROPERTY IDEM_STORE_PC_LIBS)
+foreach(_l IN LISTS _pc_store_libs)
+  string(APPEND _pc_libs " ${_l}")
+endforeach()
 # Relative, so the installed tree can be moved.
 file(RELATIVE_PATH _pc_up "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" _pc_up "${_pc_up}")

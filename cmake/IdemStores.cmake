@@ -1,18 +1,146 @@
-# Stores register themselves here; open_store() is generated from the list, so a store that
-# lands later plugs in without touching the core.
+# The stores: each is one idem_define_store() call (in src/stores/<name>/CMakeLists.txt, or
+# in the root for the in-memory store, which is part of idem_core). open_store() is
+# generated from the list the calls make, and so are the install's dependencies and the
+# tests' list of servers, so a store that lands later plugs in without touching the core,
+# the install or tests/support. docs/architecture.md, "Writing a store", has the checklist.
 
-# idem_register_store(NAME SCHEME...) : the store's factory (an idem::StoreFactory,
-# include/idem/store_url.h) is declared in src/stores/<NAME>/<NAME>_url.h as
-#   std::shared_ptr<idem::Store> idem::detail::open_<NAME>_store(const Url&, const OpenOptions&)
-function(idem_register_store name)
+# idem_define_store(NAME <name> SCHEMES <scheme>...
+#                   [OPTION <IDEM_WITH_X>] [SOURCES <file>...] [PUBLIC_HEADER <file>]
+#                   [PACKAGES <package>...] [PKG_MODULES <PREFIX=module>...]
+#                   [PC_REQUIRES <module>...] [PC_LIBS <flag>...] [PRIVATE_LIBS <lib>...]
+#                   [TEST_SERVERS "<name> <env var> [pooler] [<query>]"...] [TEST_ONLY])
+#
+# OPTION is the store's ON/OFF/AUTO cache variable, declared AUTO here unless the root
+# CMakeLists.txt declared it already. Unless it is OFF, PACKAGES are looked for with find_package() and PKG_MODULES
+# (PREFIX=module) with pkg-config; AUTO builds the store when all were found, ON with one
+# missing is a configure error. Without SOURCES the store is part of idem_core (memory).
+#
+# A built store is the target idem_<name> (alias idem::<name>, export name <name>), linked
+# PUBLIC to idem_core and PRIVATE to PRIVATE_LIBS, its factory declared in
+# src/stores/<name>/<name>_url.h as
+#   std::shared_ptr<idem::Store> idem::detail::open_<name>_store(const Url&, const OpenOptions&)
+# and listed for open_store() under each of SCHEMES. Its PUBLIC_HEADER is installed (a store
+# not built installs no header); PACKAGES and PKG_MODULES go to the installed CMake config
+# (find_dependency, pkg_check_modules), PKG_MODULES' modules and PC_REQUIRES to the `.pc`
+# file's Requires, PC_LIBS to its Libs (after -lidem_core).
+#
+# TEST_SERVERS: the servers the tests and the crash soak run this store on (tests/support/
+# server_stores.h), each "<name> <environment variable with its URL> [pooler] [<query added
+# to the URL>]"; `pooler` marks a server only the tests that ask for poolers use.
+#
+# TEST_ONLY: a store of the test build only (tests/stores/sample): built when the tests
+# are, never installed and never in libidem. Its schemes reach open_store() at run time: the
+# call generates a source that registers each scheme with idem::detail::add_test_store
+# (src/test_stores.h) before main(), compiled into the OBJECT library idem_test_stores that
+# every test executable links (tests/CMakeLists.txt, idem_add_test).
+function(idem_define_store)
+  cmake_parse_arguments(ARG "TEST_ONLY" "NAME;OPTION;PUBLIC_HEADER"
+                        "SOURCES;SCHEMES;PACKAGES;PKG_MODULES;PC_REQUIRES;PC_LIBS;PRIVATE_LIBS;TEST_SERVERS"
+                        ${ARGN})
+  if(NOT ARG_NAME OR NOT ARG_SCHEMES)
+    message(FATAL_ERROR "idem_define_store needs NAME and SCHEMES")
+  endif()
+  set(name ${ARG_NAME})
+
+  # ON/OFF/AUTO, and the dependencies looked for unless OFF.
+  set(build TRUE)
+  if(ARG_OPTION AND NOT DEFINED ${ARG_OPTION})
+    set(${ARG_OPTION} AUTO CACHE STRING "Build the ${name} store (ON, OFF or AUTO)")
+  endif()
+  if(ARG_OPTION)
+    string(TOUPPER "${${ARG_OPTION}}" value)
+    set(found TRUE)
+    if(NOT value STREQUAL "OFF")
+      foreach(package IN LISTS ARG_PACKAGES)
+        find_package(${package} QUIET GLOBAL)
+        if(NOT ${package}_FOUND)
+          set(found FALSE)
+        endif()
+      endforeach()
+      if(ARG_PKG_MODULES)
+        find_package(PkgConfig QUIET)
+      endif()
+      foreach(pair IN LISTS ARG_PKG_MODULES)
+        string(REPLACE "=" ";" pair "${pair}")
+        list(GET pair 0 prefix)
+        list(GET pair 1 module)
+        if(PkgConfig_FOUND)
+          pkg_check_modules(${prefix} QUIET IMPORTED_TARGET GLOBAL ${module})
+        endif()
+        if(NOT ${prefix}_FOUND)
+          set(found FALSE)
+        endif()
+      endforeach()
+    endif()
+    idem_resolve_store_option(${ARG_OPTION} "${found}" build)
+  endif()
+  if(ARG_TEST_ONLY AND NOT IDEM_BUILD_TESTS)
+    set(build FALSE)
+  endif()
+  if(NOT build)
+    return()
+  endif()
+
+  if(ARG_SOURCES)
+    add_library(idem_${name} ${ARG_SOURCES})
+    add_library(idem::${name} ALIAS idem_${name})
+    target_include_directories(idem_${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    if(ARG_TEST_ONLY)
+      target_include_directories(idem_${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    endif()
+    target_link_libraries(idem_${name} PUBLIC idem_core
+                                       PRIVATE ${ARG_PRIVATE_LIBS} $<BUILD_INTERFACE:idem_warnings>)
+    set_target_properties(idem_${name} PROPERTIES EXPORT_NAME ${name}
+                                                  POSITION_INDEPENDENT_CODE ON)
+  endif()
+
+  if(ARG_TEST_ONLY)
+    # Registered at run time by the test executables, never listed in libidem.
+    set(text "// Generated by cmake/IdemStores.cmake: the test-only store ${name}'s schemes.\n")
+    string(APPEND text "#include \"stores/${name}/${name}_url.h\"\n#include \"test_stores.h\"\n\n")
+    string(APPEND text "namespace {\nconst bool registered_${name} = [] {\n")
+    foreach(scheme IN LISTS ARG_SCHEMES)
+      string(APPEND text "  idem::detail::add_test_store(\"${scheme}\", "
+                         "&idem::detail::open_${name}_store);\n")
+    endforeach()
+    string(APPEND text "  return true;\n}();\n}  // namespace\n")
+    set(file ${PROJECT_BINARY_DIR}/generated/test_stores/register_${name}.cpp)
+    file(CONFIGURE OUTPUT "${file}" CONTENT "${text}")
+    if(NOT TARGET idem_test_stores)
+      message(FATAL_ERROR "TEST_ONLY store ${name} defined before tests/CMakeLists.txt")
+    endif()
+    target_sources(idem_test_stores PRIVATE ${file})
+    target_link_libraries(idem_test_stores PUBLIC idem_${name})
+    set_property(GLOBAL APPEND PROPERTY IDEM_TEST_ONLY_STORES ${name})
+    return()
+  endif()
+
   set_property(GLOBAL APPEND PROPERTY IDEM_STORES ${name})
-  foreach(scheme IN LISTS ARGN)
+  foreach(scheme IN LISTS ARG_SCHEMES)
     set_property(GLOBAL APPEND PROPERTY IDEM_STORE_SCHEMES "${name}=${scheme}")
+  endforeach()
+  if(ARG_SOURCES)
+    set_property(GLOBAL APPEND PROPERTY IDEM_STORE_TARGETS idem_${name})
+  endif()
+  if(ARG_PUBLIC_HEADER)
+    set_property(GLOBAL APPEND PROPERTY IDEM_STORE_PUBLIC_HEADERS
+                 ${PROJECT_SOURCE_DIR}/${ARG_PUBLIC_HEADER})
+  endif()
+  set_property(GLOBAL APPEND PROPERTY IDEM_STORE_PACKAGES ${ARG_PACKAGES})
+  set_property(GLOBAL APPEND PROPERTY IDEM_STORE_PKG_MODULES ${ARG_PKG_MODULES})
+  set_property(GLOBAL APPEND PROPERTY IDEM_STORE_PC_REQUIRES ${ARG_PC_REQUIRES})
+  foreach(pair IN LISTS ARG_PKG_MODULES)
+    string(REGEX REPLACE "^[^=]*=" "" module "${pair}")
+    set_property(GLOBAL APPEND PROPERTY IDEM_STORE_PC_REQUIRES ${module})
+  endforeach()
+  set_property(GLOBAL APPEND PROPERTY IDEM_STORE_PC_LIBS ${ARG_PC_LIBS})
+  foreach(server IN LISTS ARG_TEST_SERVERS)
+    set_property(GLOBAL APPEND PROPERTY IDEM_STORE_TEST_SERVERS "${server}")
   endforeach()
 endfunction()
 
-# idem_resolve_store_option(VAR FOUND): turns ON/OFF/AUTO into a yes/no; ON with a missing
-# dependency is a configure error so a missing package fails loudly.
+# idem_resolve_store_option(VAR FOUND OUT): turns ON/OFF/AUTO into a yes/no; ON with a
+# missing dependency is a configure error so a missing package fails loudly.
 function(idem_resolve_store_option option found out)
   string(TOUPPER "${${option}}" value)
   if(value STREQUAL "OFF")
@@ -44,4 +172,25 @@ function(idem_generate_store_registry file)
   endforeach()
   get_filename_component(dir "${file}" DIRECTORY)
   file(CONFIGURE OUTPUT "${dir}/idem_store_factories.h" CONTENT "${text}")
+endfunction()
+
+# idem_generate_test_servers(FILE): the servers of every built store's TEST_SERVERS, one
+# IDEM_TEST_SERVER(name, env, pooler, query) line each, for tests/support/server_stores.h.
+function(idem_generate_test_servers file)
+  get_property(servers GLOBAL PROPERTY IDEM_STORE_TEST_SERVERS)
+  set(text "// Generated by cmake/IdemStores.cmake from the stores' TEST_SERVERS.\n")
+  foreach(server IN LISTS servers)
+    string(REPLACE " " ";" parts "${server}")
+    list(GET parts 0 name)
+    list(GET parts 1 env)
+    list(REMOVE_AT parts 0 1)
+    set(rest "${parts}")
+    set(pooler false)
+    if("pooler" IN_LIST rest)
+      set(pooler true)
+      list(REMOVE_ITEM rest pooler)
+    endif()
+    string(APPEND text "IDEM_TEST_SERVER(\"${name}\", \"${env}\", ${pooler}, \"${rest}\")\n")
+  endforeach()
+  file(CONFIGURE OUTPUT "${file}" CONTENT "${text}")
 endfunction()

@@ -9,14 +9,17 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "core/percent_encoding.h"
 #include "idem/error.h"
 #include "idem_store_factories.h"
+#include "test_stores.h"
 
 namespace idem {
 namespace {
@@ -26,11 +29,18 @@ struct Scheme {
   StoreFactory open;
 };
 
-constexpr Scheme kSchemes[] = {
+constexpr Scheme kGenerated[] = {
 #define IDEM_STORE(name, scheme) {scheme, &detail::open_##name##_store},
 #include "idem_store_registry.inc"
 #undef IDEM_STORE
 };
+
+// Every scheme: the generated table, then the test build's test-only stores
+// (test_stores.h), which register before main() and are never in the installed library.
+std::vector<Scheme>& schemes() {
+  static std::vector<Scheme> all(std::begin(kGenerated), std::end(kGenerated));
+  return all;
+}
 
 // A percent-escape may decode to any byte, but every store hands the parts of its URL to
 // C interfaces (a file name, libpq's conninfo, hiredis) where a NUL byte would end the
@@ -65,14 +75,18 @@ void refuse_hostile_bytes(const Url& url) {
 
 }  // namespace
 
+void detail::add_test_store(const char* scheme, StoreFactory open) {
+  schemes().push_back(Scheme{scheme, open});
+}
+
 std::shared_ptr<Store> open_store(std::string_view text, const OpenOptions& options) {
   Url url = parse_url(text);
   refuse_hostile_bytes(url);
-  for (const Scheme& s : kSchemes) {
+  for (const Scheme& s : schemes()) {
     if (url.scheme == s.scheme) return s.open(url, options);
   }
   std::string known;
-  for (const Scheme& s : kSchemes) known += (known.empty() ? "" : ", ") + std::string(s.scheme);
+  for (const Scheme& s : schemes()) known += (known.empty() ? "" : ", ") + std::string(s.scheme);
   throw InvalidArgument("store URL", "unknown or not built scheme '" + url.scheme +
                                          "' (this build opens: " + known + ")");
 }
@@ -86,7 +100,7 @@ std::optional<std::string> env(const char* name) {
 }
 
 bool has_scheme(std::string_view scheme) {
-  for (const Scheme& s : kSchemes) {
+  for (const Scheme& s : schemes()) {
     if (scheme == s.scheme) return true;
   }
   return false;
@@ -151,7 +165,7 @@ std::shared_ptr<Store> open_default_store(const OpenOptions& options) {
 
 std::vector<std::string> available_schemes() {
   std::vector<std::string> out;
-  for (const Scheme& s : kSchemes) out.emplace_back(s.scheme);
+  for (const Scheme& s : schemes()) out.emplace_back(s.scheme);
   return out;
 }
 

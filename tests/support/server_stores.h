@@ -1,11 +1,12 @@
 #pragma once
 
 // The server stores a test runs on besides the embedded ones: each store this build
-// includes whose server the test script started (IDEM_TEST_POSTGRES_URL,
-// IDEM_TEST_REDIS_URL), and on request the PostgreSQL store again behind PgBouncer in
-// transaction pooling (IDEM_TEST_PGBOUNCER_TX_URL). With IDEM_REQUIRE_SERVERS=1 a built
-// store whose URL is missing throws, so the run fails instead of leaving that store's cases
-// out.
+// includes whose server the test script started (the stores' TEST_SERVERS in their
+// idem_define_store() calls, generated into idem_test_servers.inc: IDEM_TEST_POSTGRES_URL,
+// IDEM_TEST_REDIS_URL), and on request the servers marked `pooler` (the PostgreSQL store
+// again behind PgBouncer in transaction pooling, IDEM_TEST_PGBOUNCER_TX_URL). With
+// IDEM_REQUIRE_SERVERS=1 a built store whose URL is missing throws, so the run fails instead of
+// leaving that store's cases out.
 
 #include <algorithm>
 #include <cstdlib>
@@ -26,21 +27,20 @@ inline std::vector<std::pair<std::string, std::string>> server_store_urls(
     bool with_poolers = false) {
   struct Server {
     const char* name;
-    const char* scheme;
     const char* env;
     bool pooler;
     const char* query;  // added to the URL
   };
+  // Each built store's TEST_SERVERS (cmake/IdemStores.cmake).
   static constexpr Server kServers[] = {
-      {"postgres", "postgresql", "IDEM_TEST_POSTGRES_URL", false, ""},
-      {"postgres_pgbouncer", "postgresql", "IDEM_TEST_PGBOUNCER_TX_URL", true,
-       "table=idem_records_pgbouncer"},
-      {"redis", "redis", "IDEM_TEST_REDIS_URL", false, ""}};
-  const std::vector<std::string> built = idem::available_schemes();
+#define IDEM_TEST_SERVER(name, env, pooler, query) {name, env, pooler, query},
+#include "idem_test_servers.inc"
+#undef IDEM_TEST_SERVER
+      {nullptr, nullptr, false, nullptr}};
   const bool require = servers_required();
   std::vector<std::pair<std::string, std::string>> out;
   for (const Server& s : kServers) {
-    if (std::find(built.begin(), built.end(), s.scheme) == built.end()) continue;
+    if (s.name == nullptr) break;
     if (s.pooler && !with_poolers) continue;
     const char* url = std::getenv(s.env);
     if (url == nullptr || *url == '\0') {

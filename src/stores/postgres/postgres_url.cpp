@@ -2,12 +2,11 @@
 
 #include <libpq-fe.h>
 
-#include <charconv>
-#include <initializer_list>
 #include <string>
 
 #include "idem/error.h"
 #include "idem/stores/postgres_store.h"
+#include "stores/kit/url_params.h"
 
 namespace idem {
 
@@ -83,36 +82,6 @@ std::string conninfo_value(const std::string& v) {
   return out + "'";
 }
 
-std::size_t parse_count(const std::string& name, const std::string& value) {
-  std::size_t n = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc{} || end != value.data() + value.size() || n == 0) {
-    throw InvalidArgument(
-        "store URL",
-        "parameter '" + name + "' must be a positive whole number, got '" + value + "'");
-  }
-  return n;
-}
-
-// The value of an enumerated URL parameter: the one of `choices` (word, value) whose word
-// it is, or InvalidArgument listing the words.
-template <typename T>
-T parse_choice(const std::string& name, const std::string& value,
-               std::initializer_list<std::pair<std::string_view, T>> choices) {
-  std::string words;
-  std::size_t i = 0;
-  for (const auto& [word, result] : choices) {
-    if (value == word) return result;
-    words += (i == 0                    ? ""
-              : i + 1 == choices.size() ? " or "
-                                        : ", ") +
-             ("'" + std::string(word) + "'");
-    ++i;
-  }
-  throw InvalidArgument("store URL",
-                        "parameter '" + name + "' must be " + words + ", got '" + value + "'");
-}
-
 }  // namespace
 
 std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& options) {
@@ -135,28 +104,28 @@ std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& op
     if (name == "table") {
       o.table = value;
     } else if (name == "pool_size") {
-      o.pool_size = parse_count(name, value);
+      o.pool_size = static_cast<std::size_t>(kit::whole_number(name, value, 1));
     } else if (name == "timeout") {
-      o.timeout = Duration{static_cast<Duration::rep>(parse_count(name, value))};
+      o.timeout = kit::milliseconds(name, value, 1);
     } else if (name == "synchronous_commit") {
-      o.asynchronous_commit = parse_choice<bool>(name, value, {{"default", false}, {"off", true}});
+      o.asynchronous_commit = kit::choice<bool>(name, value, {{"default", false}, {"off", true}});
     } else if (name == "acquire") {
-      o.acquire = parse_choice<PostgresAcquire>(name, value,
-                                                {{"adaptive", PostgresAcquire::kAdaptive},
-                                                 {"read-first", PostgresAcquire::kReadFirst},
-                                                 {"write-first", PostgresAcquire::kWriteFirst}});
+      o.acquire = kit::choice<PostgresAcquire>(name, value,
+                                               {{"adaptive", PostgresAcquire::kAdaptive},
+                                                {"read-first", PostgresAcquire::kReadFirst},
+                                                {"write-first", PostgresAcquire::kWriteFirst}});
     } else if (name == "pooler") {
-      o.pooler = parse_choice<PostgresPooler>(name, value,
-                                              {{"auto", PostgresPooler::kAuto},
-                                               {"none", PostgresPooler::kNone},
-                                               {"session", PostgresPooler::kSession},
-                                               {"transaction", PostgresPooler::kTransaction}});
+      o.pooler = kit::choice<PostgresPooler>(name, value,
+                                             {{"auto", PostgresPooler::kAuto},
+                                              {"none", PostgresPooler::kNone},
+                                              {"session", PostgresPooler::kSession},
+                                              {"transaction", PostgresPooler::kTransaction}});
     } else if (name == "statements") {
-      o.statements = parse_choice<PostgresStatements>(
+      o.statements = kit::choice<PostgresStatements>(
           name, value,
           {{"prepared", PostgresStatements::kPrepared}, {"unnamed", PostgresStatements::kUnnamed}});
     } else if (name == "server") {
-      o.check_server = parse_choice<bool>(name, value, {{"postgresql", true}, {"any", false}});
+      o.check_server = kit::choice<bool>(name, value, {{"postgresql", true}, {"any", false}});
     } else {
       add(name, value);  // libpq's own: sslmode, connect_timeout, application_name, ...
     }

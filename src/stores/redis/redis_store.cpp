@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "idem/error.h"
+#include "stores/kit/url_params.h"
 #include "stores/redis/redis_connection.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_scripts.h"
@@ -920,19 +921,6 @@ bool RedisStore::do_forget(std::string_view scope, std::string_view key) {
 namespace detail {
 namespace {
 
-std::int64_t parse_number(const std::string& name, const std::string& value, std::int64_t min,
-                          std::int64_t max) {
-  std::int64_t n = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || n < min ||
-      n > max) {
-    throw InvalidArgument("store URL", "parameter '" + name + "' must be a whole number from " +
-                                           std::to_string(min) + " to " + std::to_string(max) +
-                                           ", got '" + value + "'");
-  }
-  return n;
-}
-
 constexpr std::int64_t kMaxMs = 365LL * 24 * 3600 * 1000;
 
 }  // namespace
@@ -962,7 +950,7 @@ std::vector<std::pair<std::string, int>> parse_addresses(const std::string& list
       throw InvalidArgument("store URL",
                             "each server in the list needs host:port, got '" + item + "'");
     }
-    out.emplace_back(host, static_cast<int>(parse_number("port", port, 1, 65535)));
+    out.emplace_back(host, static_cast<int>(kit::whole_number("port", port, 1, 65535)));
   }
   return out;
 }
@@ -1019,34 +1007,27 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
     if (!url.host.empty()) o.host = url.host;
     if (url.port != 0) o.port = url.port;
     if (url.path.size() > 1) {
-      o.db = static_cast<int>(parse_number("database (the URL's path)", url.path.substr(1), 0,
-                                           std::numeric_limits<int>::max()));
+      o.db = static_cast<int>(kit::whole_number("database (the URL's path)", url.path.substr(1), 0,
+                                                std::numeric_limits<int>::max()));
     }
   }
   for (const auto& [name, value] : url.query) {
     if (name == "db" && url.scheme == "unix") {
-      o.db = static_cast<int>(parse_number(name, value, 0, std::numeric_limits<int>::max()));
+      o.db = static_cast<int>(kit::whole_number(name, value, 0, std::numeric_limits<int>::max()));
     } else if (name == "prefix") {
       o.prefix = value;
     } else if (name == "connections") {
-      o.connections = static_cast<std::size_t>(parse_number(name, value, 1, kMaxConnections));
+      o.connections = static_cast<std::size_t>(kit::whole_number(name, value, 1, kMaxConnections));
     } else if (name == "timeout") {
-      o.timeout = Duration(parse_number(name, value, 1, kMaxMs));
+      o.timeout = kit::milliseconds(name, value, 1, kMaxMs);
     } else if (name == "connect_timeout") {
-      o.connect_timeout = Duration(parse_number(name, value, 1, kMaxMs));
+      o.connect_timeout = kit::milliseconds(name, value, 1, kMaxMs);
     } else if (name == "wait_replicas") {
-      o.wait_replicas = static_cast<int>(parse_number(name, value, 0, 1000));
+      o.wait_replicas = static_cast<int>(kit::whole_number(name, value, 0, 1000));
     } else if (name == "wait_timeout") {
-      o.wait_timeout = Duration(parse_number(name, value, 1, kMaxMs));
+      o.wait_timeout = kit::milliseconds(name, value, 1, kMaxMs);
     } else if (name == "eviction") {
-      if (value == "refuse") {
-        o.allow_eviction = false;
-      } else if (value == "allow") {
-        o.allow_eviction = true;
-      } else {
-        throw InvalidArgument(
-            "store URL", "parameter 'eviction' must be 'refuse' or 'allow', got '" + value + "'");
-      }
+      o.allow_eviction = kit::choice<bool>(name, value, {{"refuse", false}, {"allow", true}});
     } else if (o.tls && name == "tls_ca") {
       o.tls_ca_file = value;
     } else if (o.tls && name == "tls_ca_dir") {
@@ -1058,33 +1039,18 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
     } else if (o.tls && name == "tls_server_name") {
       o.tls_server_name = value;
     } else if (o.tls && name == "tls_verify") {
-      if (value == "on") {
-        o.tls_verify = true;
-      } else if (value == "off") {
-        o.tls_verify = false;
-      } else {
-        throw InvalidArgument("store URL",
-                              "parameter 'tls_verify' must be 'on' or 'off', got '" + value + "'");
-      }
+      o.tls_verify = kit::choice<bool>(name, value, {{"on", true}, {"off", false}});
     } else if (name == "replay") {
-      if (value == "script") {
-        o.replay = RedisReplayPath::kScript;
-      } else if (value == "get") {
-        o.replay = RedisReplayPath::kGet;
-      } else {
-        throw InvalidArgument("store URL",
-                              "parameter 'replay' must be 'script' or 'get', got '" + value + "'");
-      }
+      o.replay = kit::choice<RedisReplayPath>(
+          name, value, {{"script", RedisReplayPath::kScript}, {"get", RedisReplayPath::kGet}});
     } else {
-      throw InvalidArgument(
-          "store URL", "unknown parameter '" + name + "' for " + url.scheme +
-                           ": (known: " + (url.scheme == "unix" ? "db, " : "") +
-                           "prefix, connections, timeout, connect_timeout, wait_replicas, "
-                           "wait_timeout, replay, eviction" +
-                           (o.tls ? ", tls_ca, tls_ca_dir, tls_cert, tls_key, tls_server_name, "
-                                    "tls_verify"
-                                  : "") +
-                           ")");
+      kit::refuse_unknown(name, url.scheme,
+                          std::string(url.scheme == "unix" ? "db, " : "") +
+                              "prefix, connections, timeout, connect_timeout, wait_replicas, "
+                              "wait_timeout, replay, eviction" +
+                              (o.tls ? ", tls_ca, tls_ca_dir, tls_cert, tls_key, "
+                                       "tls_server_name, tls_verify"
+                                     : ""));
     }
   }
   return std::make_shared<RedisStore>(std::move(o));

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
+#include <limits>
 #include <string>
 
 #include "idem/error.h"
 #include "idem/stores/sqlite_store.h"
+#include "stores/kit/url_params.h"
 
 namespace idem {
 
@@ -39,33 +40,14 @@ std::shared_ptr<Store> open_sqlite_store(const Url& url, const OpenOptions& opti
                        .create_if_missing = options.create_if_missing};
   for (const auto& [name, value] : url.query) {
     if (name == "synchronous") {
-      o.synchronous = sqlite::lowercase(value);
-      if (o.synchronous != "normal" && o.synchronous != "full") {
-        throw InvalidArgument("store URL",
-                              "parameter 'synchronous' must be 'normal' or "
-                              "'full', got '" +
-                                  value + "'");
-      }
+      o.synchronous =
+          kit::choice<std::string>(name, value, {{"normal", "normal"}, {"full", "full"}}, true);
     } else if (name == "busy_timeout") {
-      int ms = -1;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), ms);
-      if (ec != std::errc{} || end != value.data() + value.size() || ms < 0) {
-        throw InvalidArgument("store URL",
-                              "parameter 'busy_timeout' must be a whole number "
-                              "of milliseconds, got '" +
-                                  value + "'");
-      }
-      o.busy_timeout = Duration{ms};
+      o.busy_timeout = kit::milliseconds(name, value, 0, std::numeric_limits<int>::max());
     } else if (name == "shared") {
-      if (value != "0" && value != "1") {
-        throw InvalidArgument("store URL",
-                              "parameter 'shared' must be 0 or 1, got '" + value + "'");
-      }
-      o.shared = value == "1";
+      o.shared = kit::choice<bool>(name, value, {{"0", false}, {"1", true}});
     } else {
-      throw InvalidArgument("store URL", "unknown parameter '" + name +
-                                             "' for sqlite: (known: busy_timeout, shared, "
-                                             "synchronous)");
+      kit::refuse_unknown(name, "sqlite", "busy_timeout, shared, synchronous");
     }
   }
   return std::make_shared<SqliteStore>(std::move(o));
