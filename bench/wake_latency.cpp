@@ -68,9 +68,9 @@ bool write_all(int fd, const void* data, std::size_t n) {
 
 struct Mode {
   bool notify;
+  std::vector<double> ms;
   pid_t pid = -1;
   int to = -1, from = -1;
-  std::vector<double> ms;
 };
 
 void start(Mode& m, const std::string& path) {
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   const int samples = argc > 2 ? std::atoi(argv[2]) : 200;
   const int hold_ms = argc > 3 ? std::atoi(argv[3]) : 30;
   std::remove(path.c_str());
-  Mode modes[2] = {Mode{.notify = false}, Mode{.notify = true}};
+  Mode modes[2] = {Mode{.notify = false, .ms = {}}, Mode{.notify = true, .ms = {}}};
   // Fork before this process starts any thread of its own.
   for (Mode& m : modes) start(m, path);
   idem::SqliteStore store(idem::SqliteStoreOptions{.path = path});
