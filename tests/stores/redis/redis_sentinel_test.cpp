@@ -6,6 +6,9 @@
 // run beside the suite.
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -239,6 +242,33 @@ TEST(RedisSentinel, SwitchMasterMovesTheStoreBeforeAnyCallMeetsTheFailover) {
         << key << " is not on the new primary 127.0.0.1:" << after;
   }
   EXPECT_GE(store->stats().reconnects, reconnects + 3) << "the connections did not move";
+}
+
+// The store's destructor stops its +switch-master subscriber at once, even while the
+// sentinel it watches accepts connections and never answers (a listening socket nobody
+// reads, first in the URL; the store's connections come from the next sentinel).
+TEST(RedisSentinel, ClosingTheStoreDoesNotWaitForASilentSentinel) {
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(silent, 16), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string url = sentinel_url();
+  const std::string with_silent = url.substr(0, url.find("//") + 2) +
+                                  "127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "," +
+                                  url.substr(url.find("//") + 2);
+  auto store = open_store(
+      with_param(with_param(with_silent, "connect_timeout", "3000"), "connections", "1"));
+  (void)store->get("s", "k");
+  std::this_thread::sleep_for(200ms);  // the subscriber is waiting on the silent sentinel
+  const auto closing = std::chrono::steady_clock::now();
+  store.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - closing, 500ms);
+  ::close(silent);
 }
 
 #ifdef IDEM_BINARY
