@@ -110,6 +110,11 @@ struct RedisStats {
   std::uint64_t script_reloads = 0;
   // Calls waiting right now for their connection's next round trip.
   std::size_t queued = 0;
+  // Sentinel: failovers of the service announced by +switch-master, each of which moved
+  // the store's connections to the new primary (docs/stores/redis.md, "Sentinel").
+  std::uint64_t primary_switches = 0;
+  // Sentinel: whether the store is subscribed to +switch-master on a sentinel right now.
+  bool switch_events = false;
 };
 
 class RedisStore final : public Store {

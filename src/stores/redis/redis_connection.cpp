@@ -2,10 +2,14 @@
 
 #include <arpa/inet.h>
 #include <limits.h>
+#include <netdb.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -414,7 +418,8 @@ Connection::~Connection() {
 
 std::string Connection::connect_now(ScriptShas* shas) {
   std::string error;
-  Context c = handshake(error, shas);
+  std::uint64_t generation = 0;
+  Context c = handshake(error, shas, generation);
   std::lock_guard lock(mu_);
   if (!c) {
     last_error_ = error;
@@ -444,16 +449,35 @@ ConnectionStats Connection::stats() const {
   return s;
 }
 
-Context Connection::handshake(std::string& error, ScriptShas* shas) const {
-  std::string host = settings_.host;
-  int port = settings_.port;
-  std::string where;  // for errors: which server, when the sentinels chose it
-  if (!settings_.sentinels.empty()) {
-    if (error = ask_sentinels(settings_, host, port); !error.empty()) return {};
-    where = " to the primary " + host + ":" + std::to_string(port) + " the sentinels named";
+Context Connection::handshake(std::string& error, ScriptShas* shas,
+                              std::uint64_t& generation) const {
+  generation = 0;
+  if (settings_.sentinels.empty()) return open_at(settings_.host, settings_.port, {}, error, shas);
+  if (settings_.switched) {
+    // The primary a +switch-master named: a sentinel asked first may still name the old one.
+    const auto [host, port] = settings_.switched->get(generation);
+    if (!host.empty()) {
+      Context c = open_at(
+          host, port,
+          " to the primary " + host + ":" + std::to_string(port) + " that +switch-master named",
+          error, shas);
+      if (c) return c;
+      settings_.switched->forget(generation);
+    }
   }
+  std::string host;
+  int port = 0;
+  if (error = ask_sentinels(settings_, host, port); !error.empty()) return {};
+  return open_at(host, port,
+                 " to the primary " + host + ":" + std::to_string(port) + " the sentinels named",
+                 error, shas);
+}
+
+Context Connection::open_at(const std::string& host, int port, const std::string& where,
+                            std::string& error, ScriptShas* shas) const {
   const timeval connect_tv = to_timeval(settings_.connect_timeout);
   auto link = std::make_unique<Link>();
+  link->address = settings_.socket.empty() ? host + ":" + std::to_string(port) : settings_.socket;
   link->hiredis.reset(settings_.socket.empty()
                           ? redisConnectWithTimeout(host.c_str(), port, connect_tv)
                           : redisConnectUnixWithTimeout(settings_.socket.c_str(), connect_tv));
@@ -676,6 +700,32 @@ void Connection::broke(const std::string& reason) {
   next_attempt_ = SteadyClock::now();
 }
 
+void Connection::round_trip_ended(const std::string& error) {
+  busy_ = false;
+  if (!error.empty()) {
+    broke(error);
+  } else if (moving_ && ctx_) {
+    broke("the sentinels announced a new primary (+switch-master)");
+  }
+}
+
+void Connection::move_to(const std::string& address) {
+  {
+    std::lock_guard lock(mu_);
+    if (stop_ || (ctx_ && !moving_ && ctx_->address == address)) return;
+    moving_ = true;
+    up_.store(false, std::memory_order_release);
+    // A round trip in flight ends first: its owner drops the connection (round_trip_ended).
+    if (ctx_ && !busy_) {
+      broke("the sentinels announced a new primary (+switch-master)");
+    } else if (!ctx_) {
+      backoff_ = Duration{0};
+      next_attempt_ = SteadyClock::now();
+    }
+  }
+  cv_.notify_all();
+}
+
 void Connection::execute(const std::shared_ptr<Call>& call, SteadyClock::time_point deadline,
                          Duration timeout) {
   load_.fetch_add(1, std::memory_order_relaxed);
@@ -684,11 +734,12 @@ void Connection::execute(const std::shared_ptr<Call>& call, SteadyClock::time_po
     ~Unload() { load.fetch_sub(1, std::memory_order_relaxed); }
   } unload{load_};
   std::unique_lock lock(mu_);
-  if (!ctx_ || stop_) {
+  // Moving to a new primary: the call waits for that connection instead of failing.
+  if (stop_ || (!ctx_ && !moving_)) {
     call->error = "not connected (reconnecting in the background): " + last_error_;
     return;
   }
-  if (!busy_ && queue_.empty()) {
+  if (ctx_ && !moving_ && !busy_ && queue_.empty()) {
     // Idle: make the round trip on this thread, which saves two thread hand-offs per call.
     busy_ = true;
     call->state_ = Call::State::kSent;  // not shared with any other thread yet
@@ -696,8 +747,7 @@ void Connection::execute(const std::shared_ptr<Call>& call, SteadyClock::time_po
     std::vector<std::shared_ptr<Call>> batch{call};
     const std::string error = round_trip(batch);
     lock.lock();
-    busy_ = false;
-    if (!error.empty()) broke(error);
+    round_trip_ended(error);
     // Calls that queued meanwhile go out in the loop's next round trip.
     const bool wake = !queue_.empty() || !ctx_;
     lock.unlock();
@@ -728,11 +778,21 @@ void Connection::loop() {
   std::unique_lock lock(mu_);
   while (!stop_) {
     if (!ctx_) {
-      if (cv_.wait_until(lock, next_attempt_, [&] { return stop_; })) break;
+      // next_attempt_ is read again on every wake-up: move_to() brings it forward.
+      while (!stop_ && SteadyClock::now() < next_attempt_) cv_.wait_until(lock, next_attempt_);
+      if (stop_) break;
       lock.unlock();
       std::string error;
-      Context c = handshake(error, nullptr);
+      std::uint64_t generation = 0;
+      Context c = handshake(error, nullptr, generation);
       lock.lock();
+      if (settings_.switched && settings_.switched->generation() != generation) {
+        // A +switch-master came meanwhile: connect again, to the primary it names.
+        c.reset();
+        next_attempt_ = SteadyClock::now();
+        continue;
+      }
+      moving_ = false;
       if (c) {
         ctx_ = std::move(c);
         up_.store(true, std::memory_order_release);
@@ -761,15 +821,218 @@ void Connection::loop() {
     const std::string error = round_trip(batch);
     batch.clear();
     lock.lock();
-    busy_ = false;
-    if (!error.empty()) broke(error);
+    round_trip_ended(error);
   }
+}
+
+// --- Sentinel: +switch-master --------------------------------------------------------------
+
+std::pair<std::string, int> SwitchedPrimary::get(std::uint64_t& generation) const {
+  std::lock_guard lock(mu_);
+  generation = generation_;
+  return {host_, port_};
+}
+
+void SwitchedPrimary::set(std::string host, int port) {
+  std::lock_guard lock(mu_);
+  host_ = std::move(host);
+  port_ = port;
+  ++generation_;
+}
+
+void SwitchedPrimary::forget(std::uint64_t generation) {
+  std::lock_guard lock(mu_);
+  if (generation == generation_) host_.clear();
+}
+
+std::uint64_t SwitchedPrimary::generation() const {
+  std::lock_guard lock(mu_);
+  return generation_;
+}
+
+namespace {
+
+// A sentinel that does not answer (the subscription, or a PING) for this long is taken for
+// dead; the watch is PINGed once a second while quiet.
+constexpr Duration kWatchPingEvery{1000};
+
+struct ReaderDeleter {
+  void operator()(redisReader* r) const noexcept { redisReaderFree(r); }
+};
+struct AddrinfoDeleter {
+  void operator()(addrinfo* a) const noexcept { freeaddrinfo(a); }
+};
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+SentinelWatch::SentinelWatch(const ConnectionSettings& settings,
+                             std::function<void(const std::string&, int)> on_switch)
+    : settings_(settings), on_switch_(std::move(on_switch)) {
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  thread_ = std::thread([this] { loop(); });
+}
+
+SentinelWatch::~SentinelWatch() {
+  stop_.store(true);
+  const std::uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+  ::close(wake_fd_);
+}
+
+bool SentinelWatch::wait_for(int fd, short events, Duration timeout) {
+  const auto deadline = SteadyClock::now() + timeout;
+  for (;;) {
+    if (stop_.load()) return false;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    if (left.count() <= 0) return false;
+    pollfd fds[2] = {{fd, events, 0}, {wake_fd_, POLLIN, 0}};  // a negative fd is ignored
+    const int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left.count(), INT_MAX)));
+    if (n < 0 && errno != EINTR) return false;
+    if (n > 0 && (fds[0].revents & (events | POLLERR | POLLHUP)) != 0) return true;
+  }
+}
+
+void SentinelWatch::loop() {
+  const std::size_t n = settings_.sentinels.size();
+  std::size_t next = 0;
+  std::size_t failures = 0;  // sentinels in a row that could not be watched
+  Duration backoff{0};
+  while (!stop_.load()) {
+    const auto& [host, port] = settings_.sentinels[next];
+    next = (next + 1) % n;
+    bool subscribed_once = false;
+    (void)watch(host, port, subscribed_once);
+    subscribed_.store(false, std::memory_order_relaxed);
+    if (subscribed_once) {
+      // It worked until now: the next sentinel at once.
+      failures = 0;
+      backoff = Duration{0};
+    } else if (++failures >= n) {
+      // None answers: wait before each further try, 20 ms doubling to 1 s.
+      backoff = backoff == Duration{0} ? kFirstBackoff : std::min(backoff * 2, kMaxBackoff);
+      (void)wait_for(-1, POLLIN, backoff);
+    }
+  }
+}
+
+std::string SentinelWatch::watch(const std::string& host, int port, bool& subscribed_once) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+      rc != 0) {
+    return std::string("cannot resolve the sentinel: ") + gai_strerror(rc);
+  }
+  const std::unique_ptr<addrinfo, AddrinfoDeleter> addresses(found);
+  const FdCloser sock{
+      ::socket(found->ai_family, found->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
+  if (sock.fd < 0) return "cannot open a socket: " + errno_text(errno);
+  if (::connect(sock.fd, found->ai_addr, found->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) return "cannot connect: " + errno_text(errno);
+    if (!wait_for(sock.fd, POLLOUT, settings_.connect_timeout)) return "cannot connect";
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (::getsockopt(sock.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      return "cannot connect: " + errno_text(err);
+    }
+  }
+  std::string subscribe;
+  CommandWriter(subscribe).begin(2).arg("SUBSCRIBE").arg("+switch-master");
+  std::string ping;
+  CommandWriter(ping).begin(1).arg("PING");
+  auto send = [&](std::string& what) {
+    std::vector<iovec> iov{{what.data(), what.size()}};
+    return send_all(sock.fd, iov, settings_.connect_timeout);
+  };
+  if (std::string e = send(subscribe); !e.empty()) return e;
+  const std::unique_ptr<redisReader, ReaderDeleter> reader(redisReaderCreate());
+  if (!reader) return "out of memory";
+  // Until the subscription, then each PING, is answered.
+  auto answer_by = SteadyClock::now() + settings_.connect_timeout;
+  bool waiting = true;
+  auto next_ping = SteadyClock::now();
+  char buf[4096];
+  while (!stop_.load()) {
+    const auto now = SteadyClock::now();
+    if (waiting && now >= answer_by) {
+      return "the sentinel did not answer within " + ms(settings_.connect_timeout);
+    }
+    if (!waiting && now >= next_ping) {
+      if (std::string e = send(ping); !e.empty()) return e;
+      waiting = true;
+      answer_by = now + settings_.connect_timeout;
+    }
+    const auto until = waiting ? answer_by : next_ping;
+    if (!wait_for(sock.fd, POLLIN,
+                  std::chrono::ceil<Duration>(until - SteadyClock::now()) + Duration{1})) {
+      continue;
+    }
+    const ssize_t got = ::recv(sock.fd, buf, sizeof buf, 0);
+    if (got == 0) return "the sentinel closed the connection";
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return "cannot read from the sentinel: " + errno_text(errno);
+    }
+    if (redisReaderFeed(reader.get(), buf, static_cast<std::size_t>(got)) != REDIS_OK) {
+      return "protocol error";
+    }
+    for (;;) {
+      void* raw = nullptr;
+      if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) return "protocol error";
+      if (raw == nullptr) break;
+      const Reply r(static_cast<redisReply*>(raw));
+      if (r->type == REDIS_REPLY_ERROR)
+        return "the sentinel answered " + std::string(reply_text(*r));
+      handle(*r, subscribed_once);
+      waiting = false;
+      next_ping = SteadyClock::now() + kWatchPingEvery;
+    }
+  }
+  return {};
+}
+
+void SentinelWatch::handle(const redisReply& r, bool& subscribed_once) {
+  // ["subscribe", channel, count], ["message", channel, text] or ["pong", ""].
+  if (r.type != REDIS_REPLY_ARRAY || r.elements < 2 || r.element[0]->type != REDIS_REPLY_STRING) {
+    return;
+  }
+  const std::string_view kind = reply_text(*r.element[0]);
+  if (kind == "subscribe") {
+    subscribed_once = true;
+    subscribed_.store(true, std::memory_order_relaxed);
+    return;
+  }
+  if (kind != "message" || r.elements != 3 || r.element[2]->type != REDIS_REPLY_STRING) return;
+  // "<service> <old ip> <old port> <new ip> <new port>"
+  std::vector<std::string_view> words;
+  std::string_view text = reply_text(*r.element[2]);
+  while (!text.empty()) {
+    const std::size_t space = text.find(' ');
+    words.push_back(text.substr(0, space));
+    text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+  }
+  if (words.size() != 5 || words[0] != settings_.sentinel_service) return;
+  int port = 0;
+  const auto [end, ec] = std::from_chars(words[4].data(), words[4].data() + words[4].size(), port);
+  if (ec != std::errc{} || end != words[4].data() + words[4].size() || port <= 0) return;
+  on_switch_(std::string(words[3]), port);
+  switches_.fetch_add(1, std::memory_order_relaxed);
 }
 
 // --- Pool ---------------------------------------------------------------------------------
 
 Pool::Pool(ConnectionSettings settings, std::size_t connections, std::string store_name)
     : settings_(std::move(settings)), store_name_(std::move(store_name)) {
+  if (!settings_.sentinels.empty()) settings_.switched = std::make_shared<SwitchedPrimary>();
   for (std::size_t i = 0; i < connections; ++i) {
     connections_.push_back(std::make_unique<Connection>(settings_));
   }
@@ -783,6 +1046,17 @@ void Pool::connect(ScriptShas* shas) {
     if (!error.empty()) throw StoreUnavailable(store_name_, error);
   }
   for (auto& c : connections_) c->start();
+  if (settings_.sentinels.empty()) return;
+  try {
+    watch_ = std::make_unique<SentinelWatch>(settings_, [this](const std::string& host, int port) {
+      // First the address, so that a connection opened from now on goes there.
+      settings_.switched->set(host, port);
+      const std::string address = host + ":" + std::to_string(port);
+      for (auto& c : connections_) c->move_to(address);
+    });
+  } catch (const std::system_error& e) {
+    throw StoreUnavailable(store_name_, std::string("cannot watch the sentinels: ") + e.what());
+  }
 }
 
 void Pool::execute(const std::shared_ptr<Call>& call, Duration timeout) {
@@ -812,6 +1086,10 @@ ConnectionStats Pool::stats() const {
     total.commands += s.commands;
     total.reconnects += s.reconnects;
     total.queued += s.queued;
+  }
+  if (watch_) {
+    total.primary_switches = watch_->switches();
+    total.switch_events = watch_->subscribed();
   }
   return total;
 }

@@ -12,6 +12,10 @@
 // connection instead of hanging it. A broken connection fails only the calls that were on
 // it and reconnects in the background, first at once and then with exponential backoff;
 // while it is down a Pool routes calls to its other connections.
+//
+// Behind Sentinel, a Pool also runs a SentinelWatch: a thread subscribed to +switch-master
+// on one sentinel, which moves every connection to the new primary as soon as a failover
+// is announced (docs/stores/redis.md, "Sentinel").
 
 #include <hiredis/hiredis.h>
 #include <openssl/ssl.h>
@@ -22,6 +26,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +62,7 @@ struct SslDeleter {
 struct Link {
   std::unique_ptr<redisContext, ContextDeleter> hiredis;
   std::unique_ptr<SSL, SslDeleter> tls;  // null: plain TCP or a unix socket
+  std::string address;                   // "host:port" (Sentinel: the primary connected to)
 };
 using Context = std::unique_ptr<Link>;
 
@@ -74,6 +80,25 @@ struct TlsSettings {
 // it cannot load.
 std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls);
 
+// Sentinel: the primary the last +switch-master event named, shared by a pool's
+// connections. A (re)connection tries it before asking the sentinels, since a sentinel
+// asked first may not have seen the failover yet while the old primary still takes writes.
+class SwitchedPrimary {
+ public:
+  // The address ("" when none, or when it failed) and the event count it belongs to.
+  std::pair<std::string, int> get(std::uint64_t& generation) const;
+  void set(std::string host, int port);
+  // Forgets the address when no event came since `generation` (it failed: ask the sentinels).
+  void forget(std::uint64_t generation);
+  std::uint64_t generation() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string host_;
+  int port_ = 0;
+  std::uint64_t generation_ = 0;
+};
+
 // The SHA1 of each script, as the server names it (SCRIPT LOAD's answer).
 using ScriptShas = std::array<std::string, kScriptCount>;
 
@@ -87,7 +112,8 @@ struct ConnectionSettings {
   // sentinels for the primary of `sentinel_service`, and checks with ROLE that it is one.
   std::vector<std::pair<std::string, int>> sentinels;
   std::string sentinel_service;
-  std::string socket;  // a unix socket path
+  std::shared_ptr<SwitchedPrimary> switched;  // set by the Pool behind Sentinel
+  std::string socket;                         // a unix socket path
   std::string user;
   std::string password;
   int db = 0;
@@ -131,6 +157,8 @@ struct ConnectionStats {
   std::uint64_t commands = 0;
   std::uint64_t reconnects = 0;
   std::size_t queued = 0;
+  std::uint64_t primary_switches = 0;  // Sentinel: +switch-master events for the service
+  bool switch_events = false;          // Sentinel: subscribed to +switch-master right now
 };
 
 class Connection {
@@ -151,6 +179,11 @@ class Connection {
   void execute(const std::shared_ptr<Call>& call, SteadyClock::time_point deadline,
                Duration timeout);
 
+  // Sentinel: a failover was announced; unless already on `address`, the connection is
+  // dropped (at once, or after the round trip in flight) and opened to the new primary,
+  // and calls queue meanwhile instead of failing.
+  void move_to(const std::string& address);
+
   // Whether the connection is established right now.
   bool up() const noexcept { return up_.load(std::memory_order_acquire); }
   // Calls in execute() right now (in flight or queued): the pool's measure of load.
@@ -160,7 +193,13 @@ class Connection {
   ConnectionStats stats() const;
 
  private:
-  Context handshake(std::string& error, ScriptShas* shas) const;
+  // Opens a connection to the primary (Sentinel: the one +switch-master named, else the
+  // one the sentinels name); `generation` is the SwitchedPrimary's count it started from.
+  Context handshake(std::string& error, ScriptShas* shas, std::uint64_t& generation) const;
+  // Connects to host:port (or the socket), then AUTH, SELECT, checks and SCRIPT LOAD; `where`
+  // names the server in errors.
+  Context open_at(const std::string& host, int port, const std::string& where, std::string& error,
+                  ScriptShas* shas) const;
   // Sends the batch as one write and completes each call from its replies; returns the
   // reason the connection broke, empty when it did not. REQUIRES: busy_ held by the caller.
   std::string round_trip(std::vector<std::shared_ptr<Call>>& batch);
@@ -169,6 +208,8 @@ class Connection {
   static void finish(Call& call, std::vector<Reply>&& replies, long long acked, std::string error);
   void fail_queued(const std::string& reason);  // REQUIRES: mu_ held
   void broke(const std::string& reason);        // REQUIRES: mu_ held
+  // After a round trip (busy_ cleared): drops the connection if it broke or must move.
+  void round_trip_ended(const std::string& error);  // REQUIRES: mu_ held
 
   const ConnectionSettings& settings_;
 
@@ -177,6 +218,8 @@ class Connection {
   Context ctx_;        // used only by whoever holds busy_; replaced under mu_
   bool busy_ = false;  // a round trip is in flight (the loop's or a caller's)
   bool stop_ = false;
+  // move_to() was called: calls queue until the next connection attempt ends.
+  bool moving_ = false;
   std::vector<std::shared_ptr<Call>> queue_;
   std::string last_error_;
   SteadyClock::time_point next_attempt_{};
@@ -186,6 +229,39 @@ class Connection {
   std::atomic<std::uint64_t> round_trips_{0};
   std::atomic<std::uint64_t> commands_{0};
   std::atomic<std::uint64_t> reconnects_{0};
+  std::thread thread_;
+};
+
+// Sentinel: one thread subscribed to +switch-master on the first sentinel that answers
+// (the next one when it dies or stops answering PING, with backoff), calling
+// on_switch(host, port) for each event about `settings.sentinel_service`. Its sockets never
+// block: the destructor wakes it at once (an eventfd), whatever the sentinel does.
+class SentinelWatch {
+ public:
+  SentinelWatch(const ConnectionSettings& settings,
+                std::function<void(const std::string&, int)> on_switch);
+  ~SentinelWatch();
+  SentinelWatch(const SentinelWatch&) = delete;
+  SentinelWatch& operator=(const SentinelWatch&) = delete;
+
+  std::uint64_t switches() const noexcept { return switches_.load(std::memory_order_relaxed); }
+  bool subscribed() const noexcept { return subscribed_.load(std::memory_order_relaxed); }
+
+ private:
+  void loop();
+  // Watches through one sentinel until it fails or the watch stops; returns why it ended
+  // and sets `subscribed_once` when the subscription was confirmed.
+  std::string watch(const std::string& host, int port, bool& subscribed_once);
+  // Waits until `fd` is ready for `events`, the timeout passes (false) or stop (false).
+  bool wait_for(int fd, short events, Duration timeout);
+  void handle(const redisReply& r, bool& subscribed_once);
+
+  const ConnectionSettings& settings_;
+  std::function<void(const std::string&, int)> on_switch_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> subscribed_{false};
+  std::atomic<std::uint64_t> switches_{0};
   std::thread thread_;
 };
 
@@ -210,6 +286,8 @@ class Pool {
   std::string store_name_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::atomic<std::size_t> next_{0};
+  // Behind Sentinel; declared last so that it stops before the connections go.
+  std::unique_ptr<SentinelWatch> watch_;
 };
 
 // "<cause>: <server's message>" for an error reply, naming what it means for the caller

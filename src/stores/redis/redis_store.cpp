@@ -732,8 +732,10 @@ RedisStats RedisStore::stats() const {
       s.queued += n.queued;
     }
   }
-  return RedisStats{s.round_trips, s.commands, s.reconnects,
-                    impl_->script_reloads.load(std::memory_order_relaxed), s.queued};
+  return RedisStats{s.round_trips,  s.commands,
+                    s.reconnects,   impl_->script_reloads.load(std::memory_order_relaxed),
+                    s.queued,       s.primary_switches,
+                    s.switch_events};
 }
 
 AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,

@@ -6,6 +6,9 @@
 // run beside the suite.
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -23,6 +26,7 @@
 #include "idem/open_store.h"
 #include "idem/stores/redis_store.h"
 #include "idem/testing/store_conformance.h"
+#include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
 
 #ifdef IDEM_BINARY
@@ -185,6 +189,86 @@ TEST(RedisSentinel, AForcedFailoverUnderLoadKeepsEveryRecordedKey) {
     EXPECT_EQ(r->state, RecordState::kComplete);
     EXPECT_EQ(r->payload, "v" + key);
   }
+}
+
+// +switch-master: a store that makes no call during a forced failover is moved to the new
+// primary by the event itself, so no call afterwards meets the old primary (no READONLY, no
+// broken connection, no write that lands on the old primary and is lost). Without the
+// event the connections stay on the old primary, which takes writes until the sentinels
+// make it a replica.
+TEST(RedisSentinel, SwitchMasterMovesTheStoreBeforeAnyCallMeetsTheFailover) {
+  const std::string before = primary_port();
+  ASSERT_FALSE(before.empty());
+  const std::string prefix = fresh_prefix("switch");
+  auto opened = open_store(sentinel_url() + "?prefix=" + prefix + "&connections=3");
+  auto* store = dynamic_cast<RedisStore*>(opened.get());
+  ASSERT_NE(store, nullptr);
+  // Every connection in use once, and the subscription confirmed, before the failover.
+  for (int i = 0; i < 6; ++i)
+    (void)store->acquire("s", "warm" + std::to_string(i), 5000ms, 60000ms);
+  for (int i = 0; i < 100 && !store->stats().switch_events; ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(store->stats().switch_events) << "not subscribed to +switch-master";
+  const std::uint64_t switches = store->stats().primary_switches;
+  const std::uint64_t reconnects = store->stats().reconnects;
+  const auto asked_at = std::chrono::steady_clock::now();
+  {
+    RawRedis sentinel(sentinel_ports().at(0));
+    while (primary_port() == before && std::chrono::steady_clock::now() - asked_at < 40s) {
+      (void)sentinel.text({"SENTINEL", "FAILOVER", "idemtest"});
+      for (int i = 0; i < 50 && primary_port() == before; ++i) std::this_thread::sleep_for(200ms);
+    }
+  }
+  const std::string after = primary_port();
+  ASSERT_NE(after, before) << "the sentinels did not fail over";
+  // The event reaches the subscribed sentinel within about a second of the switch.
+  for (int i = 0; i < 100 && store->stats().primary_switches == switches; ++i) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_GT(store->stats().primary_switches, switches);
+  // Every call now succeeds and lands on the new primary.
+  for (int i = 0; i < 12; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    try {
+      const AcquireResult r = store->acquire("s", key, 5000ms, 60000ms);
+      ASSERT_TRUE(std::holds_alternative<Acquired>(r)) << key;
+      EXPECT_EQ(store->complete("s", key, std::get<Acquired>(r).lease.token, "v", 60000ms),
+                WriteResult::kDone);
+    } catch (const StoreUnavailable& e) {
+      ADD_FAILURE() << key << " met the failover: " << e.what();
+      continue;
+    }
+    RawRedis primary(std::stoi(after));
+    EXPECT_EQ(primary.integer({"EXISTS", redis::record_key(prefix, "s", key)}), 1)
+        << key << " is not on the new primary 127.0.0.1:" << after;
+  }
+  EXPECT_GE(store->stats().reconnects, reconnects + 3) << "the connections did not move";
+}
+
+// The store's destructor stops its +switch-master subscriber at once, even while the
+// sentinel it watches accepts connections and never answers (a listening socket nobody
+// reads, first in the URL; the store's connections come from the next sentinel).
+TEST(RedisSentinel, ClosingTheStoreDoesNotWaitForASilentSentinel) {
+  const int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(silent, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(silent, 16), 0);
+  ASSERT_EQ(::getsockname(silent, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string url = sentinel_url();
+  const std::string with_silent = url.substr(0, url.find("//") + 2) +
+                                  "127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "," +
+                                  url.substr(url.find("//") + 2);
+  auto store = open_store(
+      with_param(with_param(with_silent, "connect_timeout", "3000"), "connections", "1"));
+  (void)store->get("s", "k");
+  std::this_thread::sleep_for(200ms);  // the subscriber is waiting on the silent sentinel
+  const auto closing = std::chrono::steady_clock::now();
+  store.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - closing, 500ms);
+  ::close(silent);
 }
 
 #ifdef IDEM_BINARY
