@@ -135,8 +135,8 @@ class CountingAcquires final : public idem::StoreWrapper {
   int acquires() const { return acquires_.load(); }
 
  protected:
-  idem::AcquireResult do_acquire(std::string_view scope, std::string_view key,
-                                 idem::Duration lease, idem::Duration ttl,
+  idem::AcquireResult do_acquire(std::string_view scope, std::string_view key, idem::Duration lease,
+                                 idem::Duration ttl,
                                  std::optional<std::string_view> fingerprint) override {
     idem::AcquireResult r = StoreWrapper::do_acquire(scope, key, lease, ttl, fingerprint);
     const int n = ++acquires_;
@@ -152,12 +152,11 @@ int wait_once(const std::string& url, const std::string& key, int backoff_ms) {
   try {
     auto store = std::make_shared<CountingAcquires>(idem::open_store(url));
     const auto backoff = std::chrono::milliseconds(backoff_ms);
-    idem::Executor exec(
-        store, idem::ExecutorOptions{
-                   .wait = idem::WaitPolicy{.max_wait = 1h,
-                                            .initial_backoff = backoff,
-                                            .max_backoff = backoff},
-                   .on_heartbeat_error = nullptr});
+    idem::Executor exec(store,
+                        idem::ExecutorOptions{.wait = idem::WaitPolicy{.max_wait = 1h,
+                                                                       .initial_backoff = backoff,
+                                                                       .max_backoff = backoff},
+                                              .on_heartbeat_error = nullptr});
     auto r = exec.run(kScope, key, [](const idem::Attempt&) { return std::string("mine"); });
     const std::string acquires = "acquires=" + std::to_string(store->acquires());
     std::cout << (r.replayed ? "replay " + r.value + " " + acquires : "ran " + acquires)

@@ -39,8 +39,9 @@ Token hold(Store& store, const std::string& key) {
 }
 
 std::size_t threads_of_this_process() {
-  return static_cast<std::size_t>(std::distance(
-      std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
+  return static_cast<std::size_t>(
+      std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                    std::filesystem::directory_iterator{}));
 }
 
 TEST(SqliteWake, AWaiterInAnotherProcessWakesWhenTheOwnerCompletes) {
