@@ -424,7 +424,9 @@ TEST_P(CliStoreTest, ShowReadsAStoreItCannotWrite) {
   // Writing is refused, and nothing changed.
   ProcessResult forget = as_reader({"forget", "--store", url, "--scope", scope_, "--key", "k"});
   EXPECT_EQ(forget.status, 69) << forget.err;
-  EXPECT_EQ(std::distance(fs::directory_iterator(ro), fs::directory_iterator{}), 1);
+  // The database and the writer's wake page (SPEC §7) beside it: nothing new.
+  EXPECT_EQ(std::distance(fs::directory_iterator(ro), fs::directory_iterator{}), 2);
+  EXPECT_TRUE(fs::exists(ro / "idem.db-wake"));
   fs::permissions(ro, fs::perms::owner_all);
   fs::permissions(ro / "idem.db", fs::perms::owner_read | fs::perms::owner_write);
   EXPECT_EQ(idem({"show", "--store", url, "--scope", scope_, "--key", "k"}).status, 0);
