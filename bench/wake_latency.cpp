@@ -1,8 +1,12 @@
-// SPEC §7 on SQLite: how soon a duplicate waiting in another process returns after the
-// owner's complete returns, with the waiters polling alone (notify off) and with the
-// same-machine signal (stores/sqlite/sqlite_wake.h). docs/benchmarks.md quotes it.
+// SPEC §7: how soon a duplicate waiting in another process returns after the owner's
+// complete returns, with the waiters polling alone (the store URL with notify=off) and with
+// the store's notifications (notify=on; on SQLite the same-machine signal,
+// stores/sqlite/sqlite_wake.h). docs/benchmarks.md quotes it.
 //
-//   wake_latency DB_PATH [SAMPLES] [HOLD_MS]
+//   wake_latency STORE_URL [SAMPLES] [HOLD_MS]
+//
+// Any store whose URL takes `notify=on|off`. The keys are fresh per run (scope "wake" and a
+// random prefix), so runs against a shared server do not meet.
 //
 // Per sample: the owner (this process) takes a fresh key, a waiter process starts
 // idem::Executor::run on it under the default waiting policy (10 ms growing to 1 s), the
@@ -17,13 +21,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <thread>
 #include <variant>
 #include <vector>
 
 #include "idem/executor.h"
-#include "idem/stores/sqlite_store.h"
+#include "idem/open_store.h"
 
 namespace {
 
@@ -52,13 +57,22 @@ bool write_all(int fd, const void* data, std::size_t n) {
 
 // The waiter: for each sample index read from `in`, waits on key k<index> and writes the
 // instant its run() returned to `out`.
-[[noreturn]] void waiter(const std::string& path, bool notify, int in, int out) {
-  idem::Executor exec(
-      std::make_shared<idem::SqliteStore>(idem::SqliteStoreOptions{.path = path, .notify = notify}),
-      idem::ExecutorOptions{.wait = idem::WaitPolicy{.max_wait = 30s}});
+std::string with_notify(const std::string& url, bool notify) {
+  return url + (url.find('?') == std::string::npos ? "?" : "&") +
+         (notify ? "notify=on" : "notify=off");
+}
+
+std::string key_of(const std::string& prefix, bool notify, int index) {
+  return prefix + (notify ? "signal-" : "poll-") + std::to_string(index);
+}
+
+[[noreturn]] void waiter(const std::string& url, const std::string& prefix, bool notify, int in,
+                         int out) {
+  idem::Executor exec(idem::open_store(with_notify(url, notify)),
+                      idem::ExecutorOptions{.wait = idem::WaitPolicy{.max_wait = 30s}});
   int index = 0;
   while (read_all(in, &index, sizeof index)) {
-    const std::string key = std::string(notify ? "signal-" : "poll-") + std::to_string(index);
+    const std::string key = key_of(prefix, notify, index);
     (void)exec.run("wake", key, [](const idem::Attempt&) { return std::string("waiter"); });
     const long long t = monotonic_ns();
     if (!write_all(out, &t, sizeof t)) break;
@@ -73,14 +87,14 @@ struct Mode {
   int to = -1, from = -1;
 };
 
-void start(Mode& m, const std::string& path) {
+void start(Mode& m, const std::string& url, const std::string& prefix) {
   int down[2], up[2];
   if (::pipe(down) != 0 || ::pipe(up) != 0) std::exit(1);
   m.pid = ::fork();
   if (m.pid == 0) {
     ::close(down[1]);
     ::close(up[0]);
-    waiter(path, m.notify, down[0], up[1]);
+    waiter(url, prefix, m.notify, down[0], up[1]);
   }
   ::close(down[0]);
   ::close(up[1]);
@@ -97,20 +111,21 @@ double percentile(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: wake_latency DB_PATH [SAMPLES] [HOLD_MS]\n");
+    std::fprintf(stderr, "usage: wake_latency STORE_URL [SAMPLES] [HOLD_MS]\n");
     return 2;
   }
-  const std::string path = argv[1];
+  const std::string url = argv[1];
   const int samples = argc > 2 ? std::atoi(argv[2]) : 200;
   const int hold_ms = argc > 3 ? std::atoi(argv[3]) : 30;
-  std::remove(path.c_str());
+  const std::string prefix = std::to_string(std::random_device{}()) + "-";
   Mode modes[2] = {Mode{.notify = false, .ms = {}}, Mode{.notify = true, .ms = {}}};
   // Fork before this process starts any thread of its own.
-  for (Mode& m : modes) start(m, path);
-  idem::SqliteStore store(idem::SqliteStoreOptions{.path = path});
+  for (Mode& m : modes) start(m, url, prefix);
+  const std::shared_ptr<idem::Store> owner = idem::open_store(url);
+  idem::Store& store = *owner;
   for (int i = 0; i < samples; ++i) {
     for (Mode& m : modes) {
-      const std::string key = std::string(m.notify ? "signal-" : "poll-") + std::to_string(i);
+      const std::string key = key_of(prefix, m.notify, i);
       auto r = store.acquire("wake", key, 30s, 1h);
       const idem::Token token = std::get<idem::Acquired>(r).lease.token;
       if (!write_all(m.to, &i, sizeof i)) return 1;
@@ -129,6 +144,9 @@ int main(int argc, char** argv) {
     std::printf("%-22s samples=%zu p50=%.2f ms p99=%.2f ms max=%.2f ms\n",
                 m.notify ? "signal (notify on)" : "polling (notify off)", m.ms.size(),
                 percentile(m.ms, 0.5), percentile(m.ms, 0.99), percentile(m.ms, 1.0));
+  }
+  for (Mode& m : modes) {
+    for (int i = 0; i < samples; ++i) (void)store.forget("wake", key_of(prefix, m.notify, i));
   }
   return 0;
 }

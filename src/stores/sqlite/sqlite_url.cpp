@@ -46,8 +46,10 @@ std::shared_ptr<Store> open_sqlite_store(const Url& url, const OpenOptions& opti
       o.busy_timeout = kit::milliseconds(name, value, 0, std::numeric_limits<int>::max());
     } else if (name == "shared") {
       o.shared = kit::choice<bool>(name, value, {{"0", false}, {"1", true}});
+    } else if (name == "notify") {
+      o.notify = kit::choice<bool>(name, value, {{"on", true}, {"off", false}}, true);
     } else {
-      kit::refuse_unknown(name, "sqlite", "busy_timeout, shared, synchronous");
+      kit::refuse_unknown(name, "sqlite", "busy_timeout, notify, shared, synchronous");
     }
   }
   return std::make_shared<SqliteStore>(std::move(o));

@@ -15,6 +15,8 @@
 #include <variant>
 #include <vector>
 
+#include "idem/error.h"
+#include "idem/open_store.h"
 #include "idem/stores/sqlite_store.h"
 #include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 #include "stores/sqlite/sqlite_test_util.h"
@@ -120,6 +122,12 @@ TEST(SqliteWake, AReadOnlyOrUnsignallingStoreHasNoWatchAndCreatesNoFile) {
   {
     SqliteStore quiet(SqliteStoreOptions{.path = path, .notify = false});
     EXPECT_EQ(quiet.watch("mp", "k", [] {}), nullptr);
+  }
+  {
+    // The same from a URL; any other value is refused.
+    auto quiet = open_store(url_of(path) + "?notify=off");
+    EXPECT_EQ(quiet->watch("mp", "k", [] {}), nullptr);
+    EXPECT_THROW(open_store(url_of(path) + "?notify=1"), InvalidArgument);
   }
   EXPECT_FALSE(std::filesystem::exists(path + "-wake"));
   SqliteStore reader(SqliteStoreOptions{.path = path, .read_only = true});
