@@ -675,6 +675,24 @@ struct RedisStore::Impl {
                   owned(rec.fingerprint)};
   }
 
+  // A stored result handed to a caller must be one that a failover cannot lose, like a
+  // result reported recorded: the complete that wrote it may have been told "may or may not
+  // have been recorded" because the replicas never confirmed it, and a failover then brings
+  // back its IN_PROGRESS record, whose lease runs out and lets the action run again. With
+  // wait_replicas, the WAIT in the replay's round trip (it counts every write the primary had
+  // taken when it ran, that complete among them) must have been answered by enough replicas.
+  Replay confirmed_replay(const redis::StoredRecord& rec, long long acked) const {
+    if (o.wait_replicas > 0 && acked < o.wait_replicas) {
+      throw StoreUnavailable(
+          describe, "acquire: the key's result is on the primary, but only " +
+                        std::to_string(std::max(acked, 0LL)) + " of " +
+                        std::to_string(o.wait_replicas) + " replicas acknowledged it within " +
+                        std::to_string(o.wait_timeout.count()) +
+                        " ms (WAIT); it is not replayed, since a failover could lose it");
+    }
+    return replay_of(rec);
+  }
+
   Busy busy_of(const redis::StoredRecord& rec, std::int64_t now) const {
     return Busy{at_ms(rec.lease_expires_at), Duration(rec.lease_expires_at - now),
                 owned(rec.fingerprint)};
@@ -757,14 +775,14 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
             w.begin(1).arg("TIME");
           }
         },
-        [&](std::size_t) { return k; });
+        [&](std::size_t) { return k; }, /*wait_replicas=*/true);
     const redisReply& r = *got.replies[0];
     if (r.type == REDIS_REPLY_STRING) {
       const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
       const std::optional<std::int64_t> now = server_ms(*got.replies[1]);
       if (!now) m.bad_reply("acquire", *got.replies[1]);
       if (rec && rec->kind == redis::kKindComplete && rec->expires_at > *now) {
-        return m.replay_of(*rec);
+        return m.confirmed_replay(*rec, got.replicas_acked);
       }
     } else if (r.type == REDIS_REPLY_ERROR) {
       m.bad_reply("acquire", r, k);
@@ -787,7 +805,7 @@ AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view ke
   }
   if (r.type != REDIS_REPLY_STRING) m.bad_reply("acquire", r, k);
   const std::optional<redis::StoredRecord> rec = redis::decode_record(text_of(r));
-  if (rec && rec->kind == redis::kKindComplete) return m.replay_of(*rec);
+  if (rec && rec->kind == redis::kKindComplete) return m.confirmed_replay(*rec, out.replicas_acked);
   if (!rec || rec->kind != redis::kKindInProgress) {
     m.foreign("acquire", k, "a value idem did not write");
   }

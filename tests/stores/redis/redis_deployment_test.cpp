@@ -163,6 +163,45 @@ TEST_F(PrivateRedisTest, ACompleteTheReplicasDidNotConfirmIsNeverReportedRecorde
   EXPECT_EQ(copy->payload, "late");
 }
 
+// Nor is such a result handed to a duplicate as a replay: a failover to the replica would
+// bring back the key's IN_PROGRESS record, its lease would run out and the action would run
+// again, after a caller was told it had run (the Sentinel crash soak found it). On both
+// replay paths: the acquire script, and a GET first (replay=get).
+TEST_F(PrivateRedisTest, AResultTheReplicasDidNotConfirmIsNotReplayed) {
+  ReplicaPair servers;
+  ASSERT_TRUE(servers.ready());
+  for (const RedisReplayPath path : {RedisReplayPath::kScript, RedisReplayPath::kGet}) {
+    SCOPED_TRACE(path == RedisReplayPath::kGet ? "replay=get" : "replay=script");
+    RedisStoreOptions o = waiting_for_one_replica(servers.primary.options());
+    o.wait_timeout = 200ms;
+    o.replay = path;
+    RedisStore store(o);
+    const AcquireResult first = store.acquire("s", "k", 10s, 1h);
+    ASSERT_TRUE(std::holds_alternative<Acquired>(first));
+    const Token token = std::get<Acquired>(first).lease.token;
+    servers.replica.pause();
+    EXPECT_THROW((void)store.complete("s", "k", token, "v", 1h), StoreUnavailable);
+    try {
+      (void)store.acquire("s", "k", 10s, 1h);
+      ADD_FAILURE() << "a result the replica does not have was replayed";
+    } catch (const StoreUnavailable& e) {
+      EXPECT_THAT(e.what(), AllOf(HasSubstr("only 0 of 1 replicas acknowledged it"),
+                                  HasSubstr("it is not replayed")));
+      EXPECT_FALSE(e.unconfirmed());
+    }
+    servers.replica.resume();
+    // Once the replica has it, it replays.
+    EXPECT_TRUE(eventually([&] {
+      try {
+        const AcquireResult again = store.acquire("s", "k", 10s, 1h);
+        return std::holds_alternative<Replay>(again) && std::get<Replay>(again).payload == "v";
+      } catch (const StoreUnavailable&) {
+        return false;
+      }
+    }));
+  }
+}
+
 TEST_F(PrivateRedisTest, ARepeatedCompleteIsConfirmedOnlyOnceTheReplicasHaveTheFirstWrite) {
   // WAIT counts the writes of the connection it is sent on. A repeated complete that wrote
   // nothing would be "confirmed" by a connection whose earlier writes the replica has, while
