@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "idem/open_store.h"
@@ -164,7 +165,8 @@ std::string program_path(const std::string& name) {
 
 bool have_program(const std::string& name) { return !program_path(name).empty(); }
 
-PrivateRedis::PrivateRedis(std::vector<std::string> args, std::vector<std::string> env)
+PrivateRedis::PrivateRedis(std::vector<std::string> args, std::vector<std::string> env,
+                           std::string config)
     : args_(std::move(args)), env_(std::move(env)) {
   std::string pattern =
       (std::filesystem::temp_directory_path() / "idem-private-redis-XXXXXX").string();
@@ -173,6 +175,10 @@ PrivateRedis::PrivateRedis(std::vector<std::string> args, std::vector<std::strin
     return;
   }
   dir_ = pattern;
+  if (!config.empty()) {
+    config_ = dir_ + "/redis.conf";
+    std::ofstream(config_) << config;
+  }
   // Another process may take the port between our probe and the server's bind; try again.
   for (int attempt = 0; attempt < 5 && pid_ <= 0; ++attempt) {
     port_ = unused_port();
@@ -199,23 +205,14 @@ RedisStoreOptions PrivateRedis::options() const {
 }
 
 void PrivateRedis::start() {
-  std::vector<std::string> full = {"redis-server",
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--unixsocket",
-                                   socket(),
-                                   "--unixsocketperm",
-                                   "700",
-                                   "--save",
-                                   "",
-                                   "--appendonly",
-                                   "no",
-                                   "--dir",
-                                   dir_,
-                                   "--logfile",
-                                   dir_ + "/redis.log"};
+  std::vector<std::string> full = {"redis-server"};
+  if (!config_.empty()) full.push_back(config_);
+  const std::vector<std::string> common = {
+      "--bind",       "127.0.0.1", "--port",           std::to_string(port_),
+      "--unixsocket", socket(),    "--unixsocketperm", "700",
+      "--save",       "",          "--appendonly",     "no",
+      "--dir",        dir_,        "--logfile",        dir_ + "/redis.log"};
+  full.insert(full.end(), common.begin(), common.end());
   full.insert(full.end(), args_.begin(), args_.end());
   std::vector<char*> argv;
   for (std::string& a : full) argv.push_back(a.data());

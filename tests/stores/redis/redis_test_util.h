@@ -76,10 +76,13 @@ class RawRedis {
 
 // A redis-server of the test's own on a free loopback port and a unix socket, in a
 // temporary directory, without persistence unless `args` asks for it; `env` ("NAME=value")
-// is added to its environment. Killed and removed by the destructor.
+// is added to its environment; `config`, when not empty, is written to a configuration file
+// in its directory that the server reads first (a sentinel needs one: it rewrites it).
+// Killed and removed by the destructor.
 class PrivateRedis {
  public:
-  explicit PrivateRedis(std::vector<std::string> args = {}, std::vector<std::string> env = {});
+  explicit PrivateRedis(std::vector<std::string> args = {}, std::vector<std::string> env = {},
+                        std::string config = {});
   ~PrivateRedis();
   PrivateRedis(const PrivateRedis&) = delete;
   PrivateRedis& operator=(const PrivateRedis&) = delete;
@@ -104,6 +107,7 @@ class PrivateRedis {
   void start();
   std::vector<std::string> args_;
   std::vector<std::string> env_;
+  std::string config_;
   std::string dir_;
   int port_ = 0;
   int pid_ = -1;
