@@ -18,16 +18,19 @@ _idem_server_stops=()
 
 # A TCP port on 127.0.0.1 that nothing answers on. With --bus, port + 10000 is free too (a
 # cluster node's bus). Ports named after the options are never chosen (ones handed out but
-# not yet listening).
+# not yet listening). Chosen below the kernel's ephemeral range, so that no connection's
+# local port can hold it when the server binds (a connect test cannot see those).
 idem_free_port() {
-  local port bus=0 taken=" "
+  local port bus=0 taken=" " top
   if [[ ${1:-} == --bus ]]; then
     bus=1
     shift
   fi
   taken+="$* "
+  top=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  ((bus)) && top=$((top - 10000))
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 30000))
+    port=$((10000 + RANDOM % (top - 10000)))
     [[ $taken == *" $port "* || $taken == *" $((port + 10000)) "* ]] && continue
     ((bus)) && [[ $taken == *" $((port - 10000)) "* ]] && continue
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
