@@ -17,11 +17,23 @@ namespace http = boost::beast::http;
 
 namespace {
 
+// OpenSSL 3's SHA-256, fetched once: EVP_sha256() makes every EVP_DigestInit_ex look the
+// algorithm up again in the provider's table, under its lock (a quarter of the digest's
+// instructions on a proxy's replay, docs/benchmarks.md "Where the time goes"). Never freed:
+// it lives as long as the process.
+const EVP_MD* sha256_algorithm() {
+  static const EVP_MD* const md = [] {
+    const EVP_MD* fetched = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    return fetched != nullptr ? fetched : EVP_sha256();
+  }();
+  return md;
+}
+
 // SHA-256 fed piece by piece (OpenSSL's EVP interface; RAII over the context).
 class Sha256 {
  public:
   Sha256() : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) {
+    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), sha256_algorithm(), nullptr) != 1) {
       throw std::runtime_error("SHA-256: OpenSSL could not start a digest");
     }
   }

@@ -4,8 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "identity.h"
 #include "messages.h"
@@ -329,6 +332,25 @@ TEST(Messages, RequestIdsFromClientsAreCheckedAndNewOnesAreRandomHex) {
   EXPECT_EQ(id.size(), 32u);
   EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos);
   EXPECT_NE(id, new_request_id());
+}
+
+// Each thread draws ids from a generator of its own, seeded on its own: threads started
+// together (the proxy's I/O and store threads) never hand out the same ids.
+TEST(Messages, NewRequestIdsDoNotRepeatAcrossThreads) {
+  constexpr int kThreads = 4;
+  constexpr int kEach = 2000;
+  std::vector<std::vector<std::string>> drawn(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&drawn, t] {
+      for (int i = 0; i < kEach; ++i)
+        drawn[static_cast<std::size_t>(t)].push_back(new_request_id());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  std::set<std::string> all;
+  for (const auto& ids : drawn) all.insert(ids.begin(), ids.end());
+  EXPECT_EQ(all.size(), static_cast<std::size_t>(kThreads * kEach));
 }
 
 TEST(Messages, HttpDateIsImfFixdate) {
