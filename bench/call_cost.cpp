@@ -5,10 +5,10 @@
 //
 //   call_cost STORE_URL fresh|replay CALLERS OPS
 //
-// Prints one line: calls per second, CPU time per call (user + system, every thread of the
-// process: the callers, the heartbeat and the store's own threads), context switches per
-// call (voluntary and involuntary), all read with getrusage(RUSAGE_SELF) around the
-// measured calls alone. The store server's own CPU is not in it.
+// Prints one line: calls per second, CPU time per call (user + system, and each apart; every
+// thread of the process: the callers, the heartbeat and the store's own threads), context
+// switches per call (voluntary and involuntary), all read with getrusage(RUSAGE_SELF) around
+// the measured calls alone. The store server's own CPU is not in it.
 //
 // Under `valgrind --tool=callgrind` the counters are zeroed when the measured calls start
 // and dumped (as the dump named "measured") when they end, so the dump holds their
@@ -41,7 +41,8 @@
 namespace {
 
 struct Usage {
-  double cpu_s;
+  double user_s;
+  double system_s;
   long switches;
 };
 
@@ -51,7 +52,7 @@ Usage usage_now() {
   const auto seconds = [](const timeval& t) {
     return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
   };
-  return {seconds(u.ru_utime) + seconds(u.ru_stime), u.ru_nvcsw + u.ru_nivcsw};
+  return {seconds(u.ru_utime), seconds(u.ru_stime), u.ru_nvcsw + u.ru_nivcsw};
 }
 
 }  // namespace
@@ -99,11 +100,15 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   const Usage after = usage_now();
 
-  std::printf("%s %s callers=%d ops=%ld calls/s=%.0f cpu_us/call=%.1f switches/call=%.2f\n",
-              url.substr(0, url.find(':')).c_str(), mode.c_str(), callers, ops,
-              static_cast<double>(ops) / elapsed,
-              (after.cpu_s - before.cpu_s) * 1e6 / static_cast<double>(ops),
-              static_cast<double>(after.switches - before.switches) / static_cast<double>(ops));
+  const auto per_call = [ops](double total) { return total / static_cast<double>(ops); };
+  const double user_us = per_call((after.user_s - before.user_s) * 1e6);
+  const double system_us = per_call((after.system_s - before.system_s) * 1e6);
+  std::printf(
+      "%s %s callers=%d ops=%ld calls/s=%.0f cpu_us/call=%.1f (user %.1f, system %.1f) "
+      "switches/call=%.2f\n",
+      url.substr(0, url.find(':')).c_str(), mode.c_str(), callers, ops,
+      static_cast<double>(ops) / elapsed, user_us + system_us, user_us, system_us,
+      per_call(static_cast<double>(after.switches - before.switches)));
   // Not measured: delete what the run wrote.
   idem::Store& store = executor.store();
   for (long i = 0; fresh && i < ops; ++i) (void)store.forget(scope, "f" + std::to_string(i));
