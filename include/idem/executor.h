@@ -532,7 +532,7 @@ class BeginResult {
   std::variant<Result<T>, Busy, AttemptHandle<T>> v_;
 };
 
-// Thread safety: run, run_bytes, begin, store, options, active_leases and
+// Thread safety: run, run_bytes, begin, watch, store, options, active_leases and
 // waiting_duplicates may be called from any number of threads at once. shutdown may be
 // called from any thread, also concurrently with calls (which it then refuses or ends). The
 // destructor and move assignment shut the executor down; they must not race with another
@@ -748,6 +748,20 @@ class Executor {
   // thread except the heartbeat's.
   void shutdown(std::optional<Duration> timeout = std::nullopt);
   bool is_shut_down() const noexcept;
+
+  // For a caller that waits for a busy key without blocking (an event loop; begin() with no
+  // waiting policy): calls `changed` when the key's record may have completed or been
+  // released, whether by a call of this executor that holds the key (SPEC §7: in memory, at
+  // once) or, through Store::watch, by anybody the store can tell about. Ask again (begin)
+  // when it runs. It runs on another thread, must be quick, must not call the executor or
+  // destroy the watch, and may run when nothing changed, or at once when the call holding
+  // the key ended before the watch began; destroying the watch ends it. Null when nothing
+  // can tell. Notifications can be lost and an expiring lease sends none: keep polling
+  // (with the time Busy::lease_remaining gives as a bound), and after the watch is made,
+  // ask once more, since the key may have been freed before it was. Throws InvalidArgument
+  // for an invalid scope or key or an empty callback.
+  std::unique_ptr<RecordWatch> watch(std::string_view scope, std::string_view key,
+                                     std::function<void()> changed) const;
 
   // REQUIRES: not moved from (throws std::logic_error otherwise).
   Store& store() const;

@@ -158,6 +158,35 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   }
   bool closing() const noexcept { return closing_.load(std::memory_order_acquire); }
 
+  // Executor::watch: the call of this executor that holds the key (or polls it), and the
+  // store's notification.
+  std::unique_ptr<RecordWatch> watch(std::string_view scope, std::string_view key,
+                                     std::function<void()> changed) const {
+    validate_scope(scope);
+    validate_key(key);
+    if (!changed) throw InvalidArgument("watch callback", "must not be empty");
+    const IdView id{scope, key};
+    std::unique_ptr<RecordWatch> in_memory;
+    if (std::shared_ptr<InFlight> owner = owners_.find(id, IdHash{}(id), nullptr)) {
+      in_memory = watch_owner(std::move(owner), changed);
+    }
+    std::unique_ptr<RecordWatch> in_store;
+    try {
+      in_store = store_->watch(scope, key, std::move(changed));
+    } catch (const std::exception&) {
+      // A store that could not start to listen: the caller polls, which is always correct.
+    }
+    if (!in_memory) return in_store;
+    if (!in_store) return in_memory;
+    struct Both final : RecordWatch {
+      std::unique_ptr<RecordWatch> first, second;
+    };
+    auto both = std::make_unique<Both>();
+    both->first = std::move(in_memory);
+    both->second = std::move(in_store);
+    return both;
+  }
+
   // Acquires, replays or waits as SPEC §5 and §7 say; an acquired lease comes back as a
   // handle. `keep_alive`: the handle keeps the executor alive (Executor::begin); otherwise
   // it is run()'s and stays counted as a call until it ends.
@@ -1104,6 +1133,12 @@ Store& Executor::store() const {
 const ExecutorOptions& Executor::options() const {
   if (!impl_) moved_from();
   return impl_->options();
+}
+
+std::unique_ptr<RecordWatch> Executor::watch(std::string_view scope, std::string_view key,
+                                             std::function<void()> changed) const {
+  if (!impl_) moved_from();
+  return impl_->watch(scope, key, std::move(changed));
 }
 
 std::size_t Executor::active_leases() const { return impl_ ? impl_->active_leases() : 0; }

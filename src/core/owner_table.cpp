@@ -61,6 +61,7 @@ void OwnerTable::finish(InFlight& owner, OwnerState state,
       owner.payload = *payload;
       owner.has_payload = true;
     }
+    for (const auto& changed : owner.wakers) changed();
   }
   owner.cv.notify_all();
 }
@@ -82,6 +83,41 @@ std::vector<std::shared_ptr<InFlight>> OwnerTable::snapshot() const {
     all.insert(all.end(), s.owners.begin(), s.owners.end());
   }
   return all;
+}
+
+namespace {
+
+class OwnerWatch final : public RecordWatch {
+ public:
+  OwnerWatch(std::shared_ptr<InFlight> owner, std::function<void()> changed)
+      : owner_(std::move(owner)) {
+    bool finished = false;
+    {
+      std::lock_guard lock(owner_->mu);
+      finished = owner_->state != OwnerState::kRunning;
+      if (!finished) listed_ = owner_->wakers.insert(owner_->wakers.end(), std::move(changed));
+    }
+    // It finished between the caller's last look and this watch: tell at once.
+    if (finished) changed();
+  }
+  ~OwnerWatch() override {
+    {
+      std::lock_guard lock(owner_->mu);
+      if (listed_) owner_->wakers.erase(*listed_);
+    }
+    owner_->waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  std::shared_ptr<InFlight> owner_;
+  std::optional<std::list<std::function<void()>>::iterator> listed_;
+};
+
+}  // namespace
+
+std::unique_ptr<RecordWatch> watch_owner(std::shared_ptr<InFlight> owner,
+                                         std::function<void()> changed) {
+  return std::make_unique<OwnerWatch>(std::move(owner), std::move(changed));
 }
 
 namespace {

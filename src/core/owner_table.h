@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -132,6 +134,9 @@ struct InFlight : HeartbeatLease {
 
   std::mutex mu;
   std::condition_variable cv;
+  // Executor::watch callbacks on this key, run (under mu) when the call finishes; each is
+  // counted in `waiters` while it is listed. Guarded by mu.
+  std::list<std::function<void()>> wakers;
   OwnerState state = OwnerState::kRunning;  // guarded by mu
   bool has_payload = false;                 // guarded by mu
   std::string payload;                      // guarded by mu
@@ -192,6 +197,12 @@ class OwnerTable {
 
   std::unique_ptr<OwnerShard[]> shards_;
 };
+
+// Executor::watch's part in memory: `changed` runs when `owner` (found in the table, so
+// counted as a waiter) finishes, or at once if it has already. Ends the count when
+// destroyed.
+std::unique_ptr<RecordWatch> watch_owner(std::shared_ptr<InFlight> owner,
+                                         std::function<void()> changed);
 
 // How a follower's wait on an in-process owner ended.
 enum class Followed {

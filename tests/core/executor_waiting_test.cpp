@@ -120,6 +120,67 @@ TEST_P(ExecutorFormTest, FailFastDuplicateOfAnInProcessOwnerMakesNoStoreCall) {
   EXPECT_EQ(owner.get().value, "v");
 }
 
+// --- waiting without blocking (Executor::watch) -----------------------------------------
+
+// An event loop's duplicate (idem proxy --wait) is told at once when the call of this
+// executor that holds its key completes or releases it, and then asks again. The memory
+// store cannot notify, so the watch here is the executor's own.
+TEST_F(ExecutorTest, AWatchIsToldWhenTheInProcessOwnerCompletesOrReleases) {
+  Executor exec(store_);
+  for (const bool completes : {true, false}) {
+    const std::string key = completes ? "completes" : "releases";
+    SCOPED_TRACE(key);
+    idem::BeginResult<> begun = exec.begin("s", key);
+    ASSERT_NE(begun.handle(), nullptr);
+    std::atomic<int> told{0};
+    std::unique_ptr<idem::RecordWatch> watch = exec.watch("s", key, [&] { told.fetch_add(1); });
+    ASSERT_NE(watch, nullptr);
+    EXPECT_EQ(told.load(), 0);
+    if (completes) {
+      (void)begun.handle()->complete("v");
+    } else {
+      begun.handle()->release();
+    }
+    EXPECT_EQ(told.load(), 1);
+    idem::BeginResult<> again = exec.begin("s", key);
+    if (completes) {
+      ASSERT_NE(again.replay(), nullptr);
+      EXPECT_EQ(again.replay()->value, "v");
+    } else {
+      EXPECT_NE(again.handle(), nullptr);
+    }
+  }
+}
+
+TEST_F(ExecutorTest, AWatchEndedBeforeTheOwnerFinishesIsNeverCalled) {
+  Executor exec(store_);
+  idem::BeginResult<> begun = exec.begin("s", "k");
+  ASSERT_NE(begun.handle(), nullptr);
+  std::atomic<int> told{0};
+  std::atomic<int> kept{0};
+  std::unique_ptr<idem::RecordWatch> ended = exec.watch("s", "k", [&] { told.fetch_add(1); });
+  std::unique_ptr<idem::RecordWatch> stays = exec.watch("s", "k", [&] { kept.fetch_add(1); });
+  ASSERT_NE(ended, nullptr);
+  ended.reset();
+  (void)begun.handle()->complete("v");
+  EXPECT_EQ(told.load(), 0);
+  EXPECT_EQ(kept.load(), 1);
+}
+
+TEST_F(ExecutorTest, NothingToWatchWithoutAnInProcessOwnerOrAStoreThatNotifies) {
+  Executor exec(store_);
+  EXPECT_EQ(exec.watch("s", "free", [] {}), nullptr);
+  // Held by another process (another executor): only the store could tell, and this one
+  // cannot.
+  Executor other(store_);
+  idem::BeginResult<> begun = other.begin("s", "k");
+  ASSERT_NE(begun.handle(), nullptr);
+  EXPECT_EQ(exec.watch("s", "k", [] {}), nullptr);
+  EXPECT_THAT([&] { (void)exec.watch("s", "k", nullptr); },
+              ThrowsIdem(ErrorCode::kInvalidArgument));
+  EXPECT_THAT([&] { (void)exec.watch("", "k", [] {}); }, ThrowsIdem(ErrorCode::kInvalidArgument));
+}
+
 // --- waiting on another process ---------------------------------------------------------
 
 // Two executors on one store stand for two processes: neither sees the other in memory.
