@@ -276,7 +276,7 @@ pidfile $dir/s$i/sentinel.pid
 logfile $dir/s$i/sentinel.log
 dir $dir/s$i
 sentinel monitor idemtest 127.0.0.1 $primary 2
-sentinel down-after-milliseconds idemtest 1000
+sentinel down-after-milliseconds idemtest 10000
 sentinel failover-timeout idemtest 6000
 sentinel parallel-syncs idemtest 1
 CONF

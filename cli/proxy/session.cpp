@@ -345,6 +345,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     fingerprint_ = fingerprint_of(head_, body_, core_->options);
     wait_deadline_.reset();
     poll_ = kFirstPoll;
+    watch_.reset();
+    woken_ = false;
     begin();
   }
 
@@ -384,6 +386,8 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void on_begun(BeginOutcome out) {
     store_time_ += out.took;
+    // Waiting is over unless the key is still busy.
+    if (!out.result || !out.result->busy()) watch_.reset();
     if (!out.result) {
       outcome_ = out.code;
       if (!out.detail.empty()) log_detail(out.detail);
@@ -406,6 +410,27 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
       });
     }
     forward_keyed();
+  }
+
+  // Watches the busy key: its callback, on whichever thread finishes the owner, wakes this
+  // connection's wait on its strand (or marks it woken, if a store call is under way).
+  // False when nothing can tell (the store cannot notify and the owner is elsewhere) or
+  // the store could not start listening: polling alone then.
+  bool start_watching() {
+    try {
+      watch_ = core_->executor.watch(scope_, key_,
+                                     [weak = weak_from_this(), strand = stream_.get_executor()] {
+                                       asio::post(strand, [weak] {
+                                         if (const std::shared_ptr<Session> self = weak.lock()) {
+                                           self->woken_ = true;
+                                           self->wait_timer_.cancel();
+                                         }
+                                       });
+                                     });
+    } catch (const std::exception& e) {
+      log_detail(std::string("waiting without a notification: ") + e.what());
+    }
+    return watch_ != nullptr;
   }
 
   void on_replay(const std::string& bytes) {
@@ -444,7 +469,15 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     const auto now = SteadyClock::now();
     if (!wait_deadline_) wait_deadline_ = now + core_->options.wait;
     if (now < *wait_deadline_ && !aborted_) {
-      // --wait: poll again, never past the owner's lease deadline nor the waiting bound.
+      // --wait: told when the key's owner finishes (Executor::watch: in memory for an owner
+      // in this proxy, the store's notification for one elsewhere), and asked at once; the
+      // polling stays, since a notification can be lost and an expiring lease sends none.
+      if (!watch_ && start_watching()) return begin();  // it may have finished meanwhile
+      if (woken_) {
+        woken_ = false;
+        return begin();
+      }
+      // Poll again, never past the owner's lease deadline nor the waiting bound.
       auto pause = std::min({SteadyClock::duration(jittered(poll_)),
                              SteadyClock::duration(busy.lease_remaining), *wait_deadline_ - now});
       poll_ = std::min(poll_ * 2, kMaxPoll);
@@ -454,6 +487,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
           self->outcome_ = "cancelled";
           return self->answer(self->shutting_down());
         }
+        self->woken_ = false;
         self->begin();
       });
     }
@@ -786,6 +820,9 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   SteadyClock::time_point forwarded_at_{};
   std::optional<SteadyClock::time_point> wait_deadline_;
   Duration poll_ = kFirstPoll;
+  // While a duplicate waits: the watch on its key, and whether it said the key changed.
+  std::unique_ptr<RecordWatch> watch_;
+  bool woken_ = false;
   std::string outcome_;
   bool header_sent_ = false;
   bool warned_cookie_checked_ = false;
