@@ -129,6 +129,10 @@ std::optional<StoreUnavailable> expect_unavailable(F&& step,
   return std::nullopt;
 }
 
+// SPEC §7 on any Redis deployment: on two stores opened from `url` (which names a fresh
+// prefix), a watch on one store is subscribed, and a complete through the other wakes it.
+void expect_watch_wakes_on_complete(const std::string& url);
+
 // A loopback TCP port nothing listens on right now (bound, then closed again).
 int unused_port();
 
