@@ -269,6 +269,33 @@ TEST_F(RedisWakePrivate, WithNotifyOffTheScriptsDoNotPublish) {
   EXPECT_EQ(spublish_calls(raw), before + 3);
 }
 
+TEST_F(RedisWakePrivate, ASilentServerIsPingedAndTheSubscriptionComesBack) {
+  PrivateRedis server;
+  ASSERT_TRUE(server.ok());
+  RedisStoreOptions o = server.options();
+  o.timeout = 300ms;
+  o.connect_timeout = 300ms;
+  RedisStore waiter(o);
+  RedisStore owner(o);
+  std::atomic<int> woken{0};
+  auto watch = waiter.watch("mp", "job", [&] { ++woken; });
+  ASSERT_NE(watch, nullptr);
+  ASSERT_TRUE(eventually([&] { return waiter.stats().subscribed_channels == 1 && woken > 0; }));
+  // A server that stops answering without closing the socket: only the PING after 5 s of
+  // silence finds out.
+  server.pause();
+  ASSERT_TRUE(eventually([&] { return waiter.stats().subscribed_channels == 0; }));
+  server.resume();
+  ASSERT_TRUE(eventually([&] {
+    const RedisStats s = waiter.stats();
+    return s.subscriber_reconnects >= 1 && s.subscribed_channels == 1;
+  }));
+  const int before = woken.load();
+  const Token token = hold(owner, "job");
+  ASSERT_EQ(owner.complete("mp", "job", token, "done", 1h), WriteResult::kDone);
+  EXPECT_TRUE(eventually([&] { return woken.load() > before; }));
+}
+
 TEST_F(RedisWakePrivate, AnAclUserWithoutPublishRightsPollsAndStaysCorrect) {
   PrivateRedis server;
   ASSERT_TRUE(server.ok());
