@@ -296,6 +296,67 @@ TEST_F(RedisWakePrivate, ASilentServerIsPingedAndTheSubscriptionComesBack) {
   EXPECT_TRUE(eventually([&] { return woken.load() > before; }));
 }
 
+// Behind Sentinel, on servers of the test's own (a failover of the shared sentinel set
+// would disturb other tests): after SENTINEL FAILOVER the subscriber is on the new primary,
+// subscribed again, and a complete there wakes the watch.
+TEST_F(RedisWakePrivate, TheSubscriptionFollowsASentinelFailover) {
+  PrivateRedis first;
+  PrivateRedis second;
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_EQ(RawRedis(second.port()).text({"REPLICAOF", "127.0.0.1", std::to_string(first.port())}),
+            "OK");
+  PrivateRedis sentinel({"--sentinel"}, {},
+                        "sentinel monitor wake 127.0.0.1 " + std::to_string(first.port()) +
+                            " 1\n"
+                            "sentinel down-after-milliseconds wake 1000\n"
+                            "sentinel failover-timeout wake 2000\n");
+  ASSERT_TRUE(sentinel.ok());
+  RawRedis ask(sentinel.port());  // a sentinel kills no client of its own
+  // The sentinel knows the replica and the replica is in sync: it can fail over to it.
+  ASSERT_TRUE(eventually([&] {
+    RawReply replicas = ask.command({"SENTINEL", "replicas", "wake"});
+    const std::string info = RawRedis(first.port()).text({"INFO", "replication"});
+    return replicas && replicas->type == REDIS_REPLY_ARRAY && replicas->elements == 1 &&
+           info.find("state=online") != std::string::npos;
+  }));
+  const std::string url = "redis+sentinel://127.0.0.1:" + std::to_string(sentinel.port()) +
+                          "/wake?prefix=" + fresh_prefix("wake-failover");
+  auto owner = open_store(url);
+  auto waiter_store = open_store(url);
+  auto& waiter = dynamic_cast<RedisStore&>(*waiter_store);
+  std::atomic<int> woken{0};
+  auto watch = waiter.watch("mp", "job", [&] { ++woken; });
+  ASSERT_NE(watch, nullptr);
+  ASSERT_TRUE(eventually([&] { return waiter.stats().subscribed_channels == 1 && woken > 0; }));
+  {
+    RawRedis old_primary(first.port());
+    ASSERT_EQ(clients_named(old_primary, subscriber_name()).size(), 1U);
+  }
+
+  ASSERT_EQ(ask.text({"SENTINEL", "FAILOVER", "wake"}), "OK");
+  // A connection of its own each time: the sentinel kills the clients of the servers it
+  // reconfigures (CLIENT KILL TYPE normal and pubsub).
+  ASSERT_TRUE(eventually([&] {
+    const RedisStats s = waiter.stats();
+    RawRedis new_primary(second.port());
+    return s.primary_switches >= 1 && s.subscriber_reconnects >= 1 && s.subscribed_channels == 1 &&
+           clients_named(new_primary, subscriber_name()).size() == 1;
+  }));
+  // The owner's connections follow the failover too; its first calls may still meet it.
+  Token token = 0;
+  ASSERT_TRUE(eventually([&] {
+    try {
+      token = hold(*owner, "job");
+      return token != 0;
+    } catch (const StoreUnavailable&) {
+      return false;
+    }
+  }));
+  const int before = woken.load();
+  ASSERT_EQ(owner->complete("mp", "job", token, "done", 1h), WriteResult::kDone);
+  EXPECT_TRUE(eventually([&] { return woken.load() > before; }));
+}
+
 TEST_F(RedisWakePrivate, AnAclUserWithoutPublishRightsPollsAndStaysCorrect) {
   PrivateRedis server;
   ASSERT_TRUE(server.ok());
