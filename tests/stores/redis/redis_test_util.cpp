@@ -58,6 +58,13 @@ void PrivateRedisTest::SetUp() {
   IDEM_SKIP_OR_FAIL_UNLESS(have_program("redis-server"), "redis-server is not installed");
 }
 
+std::vector<std::string> least_acl_user(const std::string& name, const std::string& password,
+                                        const std::string& keys) {
+  return {"ACL",      "SETUSER",  name,    "on",           ">" + password,
+          "~" + keys, "+evalsha", "+eval", "+script|load", "+info",
+          "+get",     "+set",     "+del",  "+append",      "+time"};
+}
+
 void expect_watch_wakes_on_complete(const std::string& url) {
   using namespace std::chrono_literals;
   auto owner = open_store(url);
