@@ -14,6 +14,9 @@
 // commandstats: time inside EVALSHA/EVAL) and srv_get_us (time in GET, top-level and
 // inside scripts alike).
 //
+// And what publishing costs (BM_PublishCost): fresh runs with notify=on against notify=off,
+// taking turns.
+//
 // And the batched heartbeat: N leases held for a while by one heartbeat thread over the
 // store (IDEM_BENCH_HEARTBEAT="leases,lease_ms,hold_s", default 10000,3000,30); it reports
 // leases lost (must be 0), extends per second and per round trip.
@@ -39,6 +42,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/heartbeat.h"
@@ -419,20 +423,10 @@ void BM_TakingTurns(benchmark::State& state) {
   // Not counted: connections warmed up, scripts cached, the hot set read once.
   idem::bench::slice(1, raw_op);
   idem::bench::slice(callers, idem_op);
-  long raw_ops = 0, idem_ops = 0;
-  double raw_s = 0, idem_s = 0;
+  double raw_rate = 0, idem_rate = 0;
   for (auto _ : state) {
-    for (int i = 0; i < slices; ++i) {
-      const auto [rn, rs] = idem::bench::slice(1, raw_op);
-      const auto [in, is] = idem::bench::slice(callers, idem_op);
-      raw_ops += rn;
-      raw_s += rs;
-      idem_ops += in;
-      idem_s += is;
-    }
+    std::tie(raw_rate, idem_rate) = idem::bench::taking_turns(slices, 1, raw_op, callers, idem_op);
   }
-  const double raw_rate = static_cast<double>(raw_ops) / raw_s;
-  const double idem_rate = static_cast<double>(idem_ops) / idem_s;
   state.counters["raw_per_s"] = raw_rate;
   state.counters["idem_per_s"] = idem_rate;
   state.counters["ratio"] = idem_rate / raw_rate;
@@ -441,6 +435,65 @@ void BM_TakingTurns(benchmark::State& state) {
 BENCHMARK(BM_TakingTurns)
     ->ArgNames({"fresh", "callers32", "path"})
     ->ArgsProduct({{1, 0}, {0, 1}, {0, 1}})
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kSecond);
+
+// --- what publishing costs --------------------------------------------------------------------
+
+// SPEC §7: fresh runs (acquire, then complete with its SPUBLISH) on a store that publishes
+// (notify=on, the default) and on one that does not (notify=off), taking turns in 250 ms
+// slices like BM_TakingTurns. Nobody subscribes, the common case: the publish is paid by
+// every complete whether or not anyone waits. Argument: callers (1 or 32).
+void BM_PublishCost(benchmark::State& state) {
+  const int callers = static_cast<int>(state.range(0));
+  const char* slices_env = std::getenv("IDEM_BENCH_SLICES");
+  const int slices = slices_env != nullptr ? std::atoi(slices_env) : 4;
+  static std::atomic<int> runs{0};
+  const std::string scope = "publish-" + std::to_string(runs.fetch_add(1));
+  struct Side {
+    std::shared_ptr<idem::RedisStore> store;
+    std::unique_ptr<idem::Executor> executor;
+    std::vector<std::unique_ptr<Keys>> keys;
+  };
+  auto make = [&](bool notify, const char* name) {
+    idem::RedisStoreOptions o = store_options(0, 2);
+    o.notify = notify;
+    Side side;
+    side.store = std::make_shared<idem::RedisStore>(o);
+    if (side.store->stats().notify != notify) die("the store's notify is not as asked");
+    side.executor = std::make_unique<idem::Executor>(
+        side.store, idem::ExecutorOptions{.ttl = idem::Duration{kTtlMs}});
+    for (int t = 0; t < callers; ++t) side.keys.push_back(std::make_unique<Keys>(name, t));
+    return side;
+  };
+  Side on = make(true, "publish-on");
+  Side off = make(false, "publish-off");
+  auto op_of = [&](Side& side) {
+    return [&side, &scope](int t, long) {
+      auto r = side.executor->run(scope, side.keys[static_cast<std::size_t>(t)]->next(),
+                                  [](const idem::Attempt&) { return kPayload; });
+      if (r.replayed) die("a fresh key replayed");
+    };
+  };
+  const auto on_op = op_of(on);
+  const auto off_op = op_of(off);
+  idem::bench::slice(callers, on_op);  // not counted: connections and scripts warmed up
+  idem::bench::slice(callers, off_op);
+  double off_rate = 0, on_rate = 0;
+  for (auto _ : state) {
+    std::tie(off_rate, on_rate) =
+        idem::bench::taking_turns(slices, callers, off_op, callers, on_op);
+  }
+  state.counters["on_per_s"] = on_rate;
+  state.counters["off_per_s"] = off_rate;
+  state.counters["ratio"] = on_rate / off_rate;
+}
+
+BENCHMARK(BM_PublishCost)
+    ->ArgName("callers")
+    ->Arg(1)
+    ->Arg(32)
     ->Iterations(1)
     ->UseRealTime()
     ->Unit(benchmark::kSecond);

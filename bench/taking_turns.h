@@ -44,4 +44,22 @@ std::pair<long, double> slice(int threads, const Op& op) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
+// Runs `a` on `threads_a` threads and `b` on `threads_b` in turns, `slices` slices each;
+// returns each side's operations per second.
+template <typename A, typename B>
+std::pair<double, double> taking_turns(int slices, int threads_a, const A& a, int threads_b,
+                                       const B& b) {
+  long a_ops = 0, b_ops = 0;
+  double a_s = 0, b_s = 0;
+  for (int i = 0; i < slices; ++i) {
+    const auto [an, as] = slice(threads_a, a);
+    const auto [bn, bs] = slice(threads_b, b);
+    a_ops += an;
+    a_s += as;
+    b_ops += bn;
+    b_s += bs;
+  }
+  return {static_cast<double>(a_ops) / a_s, static_cast<double>(b_ops) / b_s};
+}
+
 }  // namespace idem::bench

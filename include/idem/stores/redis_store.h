@@ -97,6 +97,13 @@ struct RedisStoreOptions {
   // lease or result lets an action run twice. True: skip the check and accept that risk
   // (docs/stores/redis.md, "Eviction"). URL: eviction=refuse|allow.
   bool allow_eviction = false;
+  // True (the default): complete, release and forget publish on the record's key (sharded
+  // publish/subscribe, SPUBLISH), and watch() subscribes to it on one connection of the
+  // store's own, so waiters in any process wake at once (SPEC §7; docs/stores/redis.md,
+  // "Waiting without polling"). Turned off at open when the server cannot publish (before
+  // Redis 7, or an ACL denies it); always off on Redis Cluster for now. False: no publish,
+  // no watch; waiters only poll. URL: notify=on|off.
+  bool notify = true;
 };
 
 // Counters of a store's connections, for metrics and tests.
@@ -115,6 +122,16 @@ struct RedisStats {
   std::uint64_t primary_switches = 0;
   // Sentinel: whether the store is subscribed to +switch-master on a sentinel right now.
   bool switch_events = false;
+  // Whether the store publishes and can watch (RedisStoreOptions::notify, after the check
+  // at open).
+  bool notify = false;
+  // The subscriber's connection (one per store object, opened with the first watch):
+  // connections opened, those opened again after one broke or moved, messages received,
+  // channels subscribed right now (one per watched record, however many watches it has).
+  std::uint64_t subscriber_connects = 0;
+  std::uint64_t subscriber_reconnects = 0;
+  std::uint64_t notifications = 0;
+  std::size_t subscribed_channels = 0;
 };
 
 class RedisStore final : public Store {
@@ -142,6 +159,9 @@ class RedisStore final : public Store {
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;
+  // Null when the store does not notify (RedisStoreOptions::notify).
+  std::unique_ptr<RecordWatch> do_watch(std::string_view scope, std::string_view key,
+                                        std::function<void()> changed) override;
 
  private:
   struct Impl;

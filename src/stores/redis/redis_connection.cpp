@@ -303,7 +303,216 @@ std::string ask_sentinels(const ConnectionSettings& s, std::string& host, int& p
   return "no sentinel named a primary for \"" + s.sentinel_service + "\" (" + failures + ")";
 }
 
+// Connects to host:port (or the socket), then AUTH, SELECT, checks and SCRIPT LOAD; `where`
+// names the server in errors.
+Context open_at(const ConnectionSettings& settings, const std::string& host, int port,
+                const std::string& where, std::string& error, ScriptShas* shas) {
+  const timeval connect_tv = to_timeval(settings.connect_timeout);
+  auto link = std::make_unique<Link>();
+  link->address = settings.socket.empty() ? host + ":" + std::to_string(port) : settings.socket;
+  link->hiredis.reset(settings.socket.empty()
+                          ? redisConnectWithTimeout(host.c_str(), port, connect_tv)
+                          : redisConnectUnixWithTimeout(settings.socket.c_str(), connect_tv));
+  redisContext* c = link->hiredis.get();
+  if (c == nullptr) {
+    error = "cannot connect: out of memory";
+    return {};
+  }
+  if (c->err != 0) {
+    std::string why = c->errstr;
+    if (why == errno_text(EINPROGRESS) || why == errno_text(ETIMEDOUT)) {
+      why = "timed out after " + ms(settings.connect_timeout);
+    }
+    error = "cannot connect" + where + ": " + why;
+    return {};
+  }
+  if (redisSetTimeout(c, to_timeval(settings.io_timeout)) != REDIS_OK ||
+      (settings.socket.empty() && redisEnableKeepAlive(c) != REDIS_OK)) {
+    error = "cannot set up the connection: " + std::string(c->errstr);
+    return {};
+  }
+  if (settings.tls_context && settings.socket.empty()) {
+    // The handshake is part of connecting: it gets the connect timeout.
+    if (redisSetTimeout(c, connect_tv) != REDIS_OK) {
+      error = "cannot set up the connection: " + std::string(c->errstr);
+      return {};
+    }
+    error =
+        tls_start(*link, settings.tls_context.get(), settings.tls, host, settings.connect_timeout);
+    if (!error.empty()) return {};
+    if (redisSetTimeout(c, to_timeval(settings.io_timeout)) != REDIS_OK) {
+      error = "cannot set up the connection: " + std::string(c->errstr);
+      return {};
+    }
+  }
+
+  // One round trip: AUTH, SELECT, then every script, so EVALSHA finds them even after a
+  // restart emptied the server's script cache.
+  std::string request;
+  CommandWriter w(request);
+  std::vector<std::string> what;  // what each reply answers, for errors
+  if (!settings.password.empty()) {
+    if (settings.user.empty()) {
+      w.begin(2).arg("AUTH").arg(settings.password);
+    } else {
+      w.begin(3).arg("AUTH").arg(settings.user).arg(settings.password);
+    }
+    what.emplace_back("AUTH");
+  }
+  if (settings.db != 0) {
+    w.begin(2).arg("SELECT").arg(std::int64_t{settings.db});
+    what.emplace_back("SELECT");
+  }
+  // On every (re)connection: a failover or a restart may bring another policy.
+  if (settings.refuse_eviction) {
+    w.begin(2).arg("INFO").arg("memory");
+    what.emplace_back("INFO");
+  }
+  // Sentinel: the server it named must still be the primary (the sentinel may be behind).
+  if (!settings.sentinels.empty()) {
+    w.begin(1).arg("ROLE");
+    what.emplace_back("ROLE");
+  }
+  if (!settings.client_name.empty()) {
+    w.begin(3).arg("CLIENT").arg("SETNAME").arg(settings.client_name);
+    what.emplace_back("CLIENT SETNAME");
+  }
+  for (const ScriptId id : settings.scripts) {
+    w.begin(3).arg("SCRIPT").arg("LOAD").arg(kScripts[id]->body);
+    what.emplace_back("SCRIPT LOAD");
+  }
+  if (what.empty()) return link;
+  std::vector<iovec> iov{{request.data(), request.size()}};
+  if (error = link_send(*link, iov, settings.io_timeout); !error.empty()) return {};
+  std::string failure;
+  std::size_t script = 0;
+  for (const std::string& step : what) {
+    Reply r;
+    if (error = link_read(*link, r, settings.io_timeout); !error.empty()) return {};
+    if (r->type == REDIS_REPLY_ERROR && step == "CLIENT SETNAME") {
+      // A name is for operators only: a server (an ACL) that refuses it fails nothing.
+    } else if (r->type == REDIS_REPLY_ERROR) {
+      if (failure.empty()) {
+        if (step == "AUTH") {
+          failure = explain_server_error(reply_text(*r));
+        } else if (step == "SELECT") {
+          failure = "cannot select database " + std::to_string(settings.db) + ": " +
+                    explain_server_error(reply_text(*r));
+        } else if (step == "INFO") {
+          failure = "cannot read the server's maxmemory-policy (INFO memory): " +
+                    explain_server_error(reply_text(*r)) +
+                    "; grant the user +info, or open the store with eviction=allow "
+                    "(docs/stores/redis.md, \"Eviction\")";
+        } else {
+          failure = "cannot load the store's scripts: " + explain_server_error(reply_text(*r));
+        }
+      }
+    } else if (step == "ROLE") {
+      const bool primary = r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+                           r->element[0]->type == REDIS_REPLY_STRING &&
+                           reply_text(*r->element[0]) == "master";
+      if (failure.empty() && !primary) {
+        failure = "the server " + host + ":" + std::to_string(port) +
+                  " that the sentinels named as the primary of \"" + settings.sentinel_service +
+                  "\" is not a primary (a failover is under way)";
+      }
+    } else if (step == "INFO") {
+      if (failure.empty()) {
+        failure =
+            eviction_refusal(r->type == REDIS_REPLY_STRING ? reply_text(*r) : std::string_view());
+      }
+    } else if (step == "SCRIPT LOAD") {
+      if (shas != nullptr && r->type == REDIS_REPLY_STRING) {
+        (*shas)[settings.scripts[script]] = std::string(reply_text(*r));
+      }
+      ++script;
+    }
+  }
+  if (!failure.empty()) {
+    error = failure;
+    return {};
+  }
+  return link;
+}
+
 }  // namespace
+
+Context open_link(const ConnectionSettings& settings, std::string& error, ScriptShas* shas,
+                  std::uint64_t& generation) {
+  generation = 0;
+  if (settings.sentinels.empty())
+    return open_at(settings, settings.host, settings.port, {}, error, shas);
+  if (settings.switched) {
+    // The primary a +switch-master named: a sentinel asked first may still name the old one.
+    const auto [host, port] = settings.switched->get(generation);
+    if (!host.empty()) {
+      Context c = open_at(
+          settings, host, port,
+          " to the primary " + host + ":" + std::to_string(port) + " that +switch-master named",
+          error, shas);
+      if (c) return c;
+      settings.switched->forget(generation);
+    }
+  }
+  std::string host;
+  int port = 0;
+  if (error = ask_sentinels(settings, host, port); !error.empty()) return {};
+  return open_at(settings, host, port,
+                 " to the primary " + host + ":" + std::to_string(port) + " the sentinels named",
+                 error, shas);
+}
+
+std::string link_write(Link& link, std::string_view data, Duration timeout) {
+  std::vector<iovec> iov{{const_cast<char*>(data.data()), data.size()}};
+  return link_send(link, iov, timeout);
+}
+
+std::string link_receive(Link& link) {
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::recv(link.hiredis->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0) return "the server closed the connection";
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+      return "cannot read from the server: " + errno_text(errno);
+    }
+    if (!link.tls) {
+      if (redisReaderFeed(link.hiredis->reader, buf, static_cast<std::size_t>(n)) != REDIS_OK) {
+        return "protocol error: " + std::string(link.hiredis->reader->errstr);
+      }
+      if (static_cast<std::size_t>(n) < sizeof buf) return {};
+      continue;
+    }
+    BIO_write(SSL_get_rbio(link.tls.get()), buf, static_cast<int>(n));
+    // Everything OpenSSL can decrypt now goes to the reader; a record cut short waits for
+    // the rest of its bytes (WANT_READ).
+    for (;;) {
+      char plain[16384];
+      const int got = SSL_read(link.tls.get(), plain, sizeof plain);
+      if (got > 0) {
+        redisReaderFeed(link.hiredis->reader, plain, static_cast<std::size_t>(got));
+        continue;
+      }
+      const int err = SSL_get_error(link.tls.get(), got);
+      if (err == SSL_ERROR_WANT_READ) break;
+      if (err == SSL_ERROR_ZERO_RETURN) return "the server closed the connection";
+      return "TLS error: " + openssl_errors();
+    }
+    // What OpenSSL may have to answer (a key update), sent at once.
+    if (std::string e = tls_flush(link, Duration{1000}); !e.empty()) return e;
+    if (static_cast<std::size_t>(n) < sizeof buf) return {};
+  }
+}
+
+std::string link_next_reply(Link& link, Reply& out) {
+  void* raw = nullptr;
+  if (redisReaderGetReply(link.hiredis->reader, &raw) != REDIS_OK) {
+    return "protocol error: " + std::string(link.hiredis->reader->errstr);
+  }
+  out.reset(static_cast<redisReply*>(raw));
+  return {};
+}
 
 std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls) {
   ERR_clear_error();
@@ -451,150 +660,7 @@ ConnectionStats Connection::stats() const {
 
 Context Connection::handshake(std::string& error, ScriptShas* shas,
                               std::uint64_t& generation) const {
-  generation = 0;
-  if (settings_.sentinels.empty()) return open_at(settings_.host, settings_.port, {}, error, shas);
-  if (settings_.switched) {
-    // The primary a +switch-master named: a sentinel asked first may still name the old one.
-    const auto [host, port] = settings_.switched->get(generation);
-    if (!host.empty()) {
-      Context c = open_at(
-          host, port,
-          " to the primary " + host + ":" + std::to_string(port) + " that +switch-master named",
-          error, shas);
-      if (c) return c;
-      settings_.switched->forget(generation);
-    }
-  }
-  std::string host;
-  int port = 0;
-  if (error = ask_sentinels(settings_, host, port); !error.empty()) return {};
-  return open_at(host, port,
-                 " to the primary " + host + ":" + std::to_string(port) + " the sentinels named",
-                 error, shas);
-}
-
-Context Connection::open_at(const std::string& host, int port, const std::string& where,
-                            std::string& error, ScriptShas* shas) const {
-  const timeval connect_tv = to_timeval(settings_.connect_timeout);
-  auto link = std::make_unique<Link>();
-  link->address = settings_.socket.empty() ? host + ":" + std::to_string(port) : settings_.socket;
-  link->hiredis.reset(settings_.socket.empty()
-                          ? redisConnectWithTimeout(host.c_str(), port, connect_tv)
-                          : redisConnectUnixWithTimeout(settings_.socket.c_str(), connect_tv));
-  redisContext* c = link->hiredis.get();
-  if (c == nullptr) {
-    error = "cannot connect: out of memory";
-    return {};
-  }
-  if (c->err != 0) {
-    std::string why = c->errstr;
-    if (why == errno_text(EINPROGRESS) || why == errno_text(ETIMEDOUT)) {
-      why = "timed out after " + ms(settings_.connect_timeout);
-    }
-    error = "cannot connect" + where + ": " + why;
-    return {};
-  }
-  if (redisSetTimeout(c, to_timeval(settings_.io_timeout)) != REDIS_OK ||
-      (settings_.socket.empty() && redisEnableKeepAlive(c) != REDIS_OK)) {
-    error = "cannot set up the connection: " + std::string(c->errstr);
-    return {};
-  }
-  if (settings_.tls_context && settings_.socket.empty()) {
-    // The handshake is part of connecting: it gets the connect timeout.
-    if (redisSetTimeout(c, connect_tv) != REDIS_OK) {
-      error = "cannot set up the connection: " + std::string(c->errstr);
-      return {};
-    }
-    error = tls_start(*link, settings_.tls_context.get(), settings_.tls, host,
-                      settings_.connect_timeout);
-    if (!error.empty()) return {};
-    if (redisSetTimeout(c, to_timeval(settings_.io_timeout)) != REDIS_OK) {
-      error = "cannot set up the connection: " + std::string(c->errstr);
-      return {};
-    }
-  }
-
-  // One round trip: AUTH, SELECT, then every script, so EVALSHA finds them even after a
-  // restart emptied the server's script cache.
-  std::string request;
-  CommandWriter w(request);
-  std::vector<std::string> what;  // what each reply answers, for errors
-  if (!settings_.password.empty()) {
-    if (settings_.user.empty()) {
-      w.begin(2).arg("AUTH").arg(settings_.password);
-    } else {
-      w.begin(3).arg("AUTH").arg(settings_.user).arg(settings_.password);
-    }
-    what.emplace_back("AUTH");
-  }
-  if (settings_.db != 0) {
-    w.begin(2).arg("SELECT").arg(std::int64_t{settings_.db});
-    what.emplace_back("SELECT");
-  }
-  // On every (re)connection: a failover or a restart may bring another policy.
-  if (settings_.refuse_eviction) {
-    w.begin(2).arg("INFO").arg("memory");
-    what.emplace_back("INFO");
-  }
-  // Sentinel: the server it named must still be the primary (the sentinel may be behind).
-  if (!settings_.sentinels.empty()) {
-    w.begin(1).arg("ROLE");
-    what.emplace_back("ROLE");
-  }
-  for (const ScriptId id : settings_.scripts) {
-    w.begin(3).arg("SCRIPT").arg("LOAD").arg(kScripts[id]->body);
-    what.emplace_back("SCRIPT LOAD");
-  }
-  if (what.empty()) return link;
-  std::vector<iovec> iov{{request.data(), request.size()}};
-  if (error = link_send(*link, iov, settings_.io_timeout); !error.empty()) return {};
-  std::string failure;
-  std::size_t script = 0;
-  for (const std::string& step : what) {
-    Reply r;
-    if (error = link_read(*link, r, settings_.io_timeout); !error.empty()) return {};
-    if (r->type == REDIS_REPLY_ERROR) {
-      if (failure.empty()) {
-        if (step == "AUTH") {
-          failure = explain_server_error(reply_text(*r));
-        } else if (step == "SELECT") {
-          failure = "cannot select database " + std::to_string(settings_.db) + ": " +
-                    explain_server_error(reply_text(*r));
-        } else if (step == "INFO") {
-          failure = "cannot read the server's maxmemory-policy (INFO memory): " +
-                    explain_server_error(reply_text(*r)) +
-                    "; grant the user +info, or open the store with eviction=allow "
-                    "(docs/stores/redis.md, \"Eviction\")";
-        } else {
-          failure = "cannot load the store's scripts: " + explain_server_error(reply_text(*r));
-        }
-      }
-    } else if (step == "ROLE") {
-      const bool primary = r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
-                           r->element[0]->type == REDIS_REPLY_STRING &&
-                           reply_text(*r->element[0]) == "master";
-      if (failure.empty() && !primary) {
-        failure = "the server " + host + ":" + std::to_string(port) +
-                  " that the sentinels named as the primary of \"" + settings_.sentinel_service +
-                  "\" is not a primary (a failover is under way)";
-      }
-    } else if (step == "INFO") {
-      if (failure.empty()) {
-        failure =
-            eviction_refusal(r->type == REDIS_REPLY_STRING ? reply_text(*r) : std::string_view());
-      }
-    } else if (step == "SCRIPT LOAD") {
-      if (shas != nullptr && r->type == REDIS_REPLY_STRING) {
-        (*shas)[settings_.scripts[script]] = std::string(reply_text(*r));
-      }
-      ++script;
-    }
-  }
-  if (!failure.empty()) {
-    error = failure;
-    return {};
-  }
-  return link;
+  return open_link(settings_, error, shas, generation);
 }
 
 std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
@@ -1053,10 +1119,17 @@ void Pool::connect(ScriptShas* shas) {
       settings_.switched->set(host, port);
       const std::string address = host + ":" + std::to_string(port);
       for (auto& c : connections_) c->move_to(address);
+      std::lock_guard lock(switch_mu_);
+      if (switch_listener_) switch_listener_(address);
     });
   } catch (const std::system_error& e) {
     throw StoreUnavailable(store_name_, std::string("cannot watch the sentinels: ") + e.what());
   }
+}
+
+void Pool::on_switch(std::function<void(const std::string&)> listener) {
+  std::lock_guard lock(switch_mu_);
+  switch_listener_ = std::move(listener);
 }
 
 void Pool::execute(const std::shared_ptr<Call>& call, Duration timeout) {

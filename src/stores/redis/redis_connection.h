@@ -128,7 +128,32 @@ struct ConnectionSettings {
   // Read the server's maxmemory-policy (INFO memory) on every (re)connection and refuse
   // any policy but noeviction (docs/stores/redis.md, "Eviction").
   bool refuse_eviction = true;
+  // CLIENT SETNAME on every (re)connection, so an operator (CLIENT LIST) sees what the
+  // connection is; empty: unnamed. A server that refuses it (an ACL) does not fail the
+  // connection: the name is for people only.
+  std::string client_name;
 };
+
+// Opens one connection as a Connection does (the socket or TCP, TLS, AUTH, SELECT, the
+// checks and SCRIPT LOAD; behind Sentinel the primary +switch-master named, else the one
+// the sentinels name, checked with ROLE), for a caller that runs its own I/O on it (the
+// subscriber, redis_subscriber.h). Null with `error` set when it fails; `generation` is the
+// SwitchedPrimary's count it started from. Blocks for at most the connect timeout per server
+// tried, plus the I/O timeout.
+Context open_link(const ConnectionSettings& settings, std::string& error, ScriptShas* shas,
+                  std::uint64_t& generation);
+
+// Sends `data` over the link (encrypted over TLS); empty, or why it failed.
+std::string link_write(Link& link, std::string_view data, Duration timeout);
+
+// For a caller that polls the link's socket itself: takes what the socket has now, without
+// waiting, into the link's reply reader (decrypting it over TLS). Empty, or why the
+// connection broke (closed by the server included).
+std::string link_receive(Link& link);
+
+// The next reply the reader holds complete, without reading the socket: `out` stays null
+// when none is complete yet. Empty, or a protocol error.
+std::string link_next_reply(Link& link, Reply& out);
 
 // One request: one or more commands and, once done, their replies in order.
 class Call {
@@ -193,13 +218,8 @@ class Connection {
   ConnectionStats stats() const;
 
  private:
-  // Opens a connection to the primary (Sentinel: the one +switch-master named, else the
-  // one the sentinels name); `generation` is the SwitchedPrimary's count it started from.
+  // open_link with this connection's settings.
   Context handshake(std::string& error, ScriptShas* shas, std::uint64_t& generation) const;
-  // Connects to host:port (or the socket), then AUTH, SELECT, checks and SCRIPT LOAD; `where`
-  // names the server in errors.
-  Context open_at(const std::string& host, int port, const std::string& where, std::string& error,
-                  ScriptShas* shas) const;
   // Sends the batch as one write and completes each call from its replies; returns the
   // reason the connection broke, empty when it did not. REQUIRES: busy_ held by the caller.
   std::string round_trip(std::vector<std::shared_ptr<Call>>& batch);
@@ -280,10 +300,18 @@ class Pool {
 
   ConnectionStats stats() const;
   const std::string& store_name() const noexcept { return store_name_; }
+  // The settings its connections use (behind Sentinel, with the pool's SwitchedPrimary).
+  const ConnectionSettings& settings() const noexcept { return settings_; }
+  // Sentinel: `listener(address)` runs on the watch's thread after each +switch-master for
+  // the service has moved the connections (the subscriber follows the primary too). It must
+  // return quickly. Empty: none.
+  void on_switch(std::function<void(const std::string&)> listener);
 
  private:
   ConnectionSettings settings_;
   std::string store_name_;
+  std::mutex switch_mu_;
+  std::function<void(const std::string&)> switch_listener_;
   std::vector<std::unique_ptr<Connection>> connections_;
   std::atomic<std::size_t> next_{0};
   // Behind Sentinel; declared last so that it stops before the connections go.

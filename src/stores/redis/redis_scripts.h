@@ -20,7 +20,8 @@
 //    type) is answered with an error naming it, never read as one.
 //  - Every read comes before the first write, and a script writes either everything or
 //    nothing: a command the server refuses (an ACL, memory) stops the script before any
-//    write, never between two writes of one record.
+//    write, never between two writes of one record. The notification after the write is a
+//    redis.pcall: a server without SPUBLISH, or an ACL that denies it, never fails a write.
 //  - Numbers reach Redis through struct.pack and command arguments, never through Lua's
 //    string conversion (14 digits, too few for a token). Each script does the least on its
 //    common path (measured in instructions with callgrind): a redis.call costs about as
@@ -84,7 +85,9 @@ redis.call('SET', KEYS[1], h, 'PXAT', math.max(lease, exp) - 1)
 return h
 )lua"};
 
-// ARGV: token, ttl ms, payload. Replies 1 (done) or 0 (fenced). The expiry is exact
+// ARGV: token, ttl ms, payload, notify ('1': SPUBLISH on the record's key once it is
+// COMPLETE, for waiters in other processes; redis_subscriber.h). Replies 1 (done) or 0
+// (fenced). The expiry is exact
 // (PXAT). A large payload is appended rather than concatenated in Lua, which would copy it
 // twice more (half the time for megabytes), but only when the ACL lets the caller APPEND:
 // otherwise the SET would land without its payload. A small one is cheaper in one SET.
@@ -117,11 +120,13 @@ else
   redis.call('SET', KEYS[1], head, 'PXAT', exp - 1)
   redis.call('APPEND', KEYS[1], ARGV[3])
 end
+if ARGV[4] == '1' then redis.pcall('SPUBLISH', KEYS[1], '') end
 return 1
 )lua"};
 
 // ARGV: token (release: only an IN_PROGRESS record with it), or '' (forget: whatever the
-// key holds, a value that is not a record included). Replies 1 (deleted) or 0 (fenced, or
+// key holds, a value that is not a record included); notify ('1': SPUBLISH on the key once
+// it is deleted). Replies 1 (deleted) or 0 (fenced, or
 // nothing to forget; a tombstone of an earlier version reads as nothing).
 inline constexpr ScriptSource kDeleteScript{"delete", R"lua(
 local v = redis.pcall('GET', KEYS[1])
@@ -132,12 +137,14 @@ local k = not foreign and string.byte(v)
 foreign = foreign or not (#v >= 42 and (k == 67 or k == 80) or #v == 37 and k == 84)
 if ARGV[1] == '' then
   redis.call('DEL', KEYS[1])
+  if ARGV[2] == '1' then redis.pcall('SPUBLISH', KEYS[1], '') end
   if k == 84 and not foreign then return 0 end
   return 1
 end
 if foreign then return redis.error_reply('ERR not an idem record') end
 if k ~= 80 or struct.unpack('>I8', v, 2) ~= tonumber(ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1])
+if ARGV[2] == '1' then redis.pcall('SPUBLISH', KEYS[1], '') end
 return 1
 )lua"};
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "stores/redis/redis_connection.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_scripts.h"
+#include "stores/redis/redis_subscriber.h"
 #include "stores/redis/redis_url.h"
 
 namespace idem {
@@ -227,6 +229,11 @@ struct RedisStore::Impl {
   std::atomic<std::uint64_t> redirections{0};
   bool shas_loaded = false;
 
+  // SPEC §7: the scripts' last argument, "1" when complete, release and forget publish on
+  // the record's key, and the subscriber behind watch() (redis_subscriber.h).
+  std::string notify_flag;
+  std::unique_ptr<redis::Subscriber> subscriber;
+
   explicit Impl(RedisStoreOptions options) : o(std::move(options)) {
     validate(o);
     describe = describe_options(o);
@@ -274,6 +281,43 @@ struct RedisStore::Impl {
     }
     pool = std::make_unique<redis::Pool>(std::move(s), o.connections, describe);
     pool->connect(&shas);
+    if (o.notify) start_notifying();
+  }
+
+  ~Impl() {
+    // The subscriber goes first, and the pool's Sentinel watch stops calling it before.
+    if (pool) pool->on_switch({});
+    subscriber.reset();
+  }
+
+  // One SPUBLISH on a channel nobody listens to, shaped like a record's key (so an ACL that
+  // grants the records' channels grants it): an error (a server before Redis 7, an ACL that
+  // denies SPUBLISH or the channel) leaves the store polling only. Not on Redis Cluster
+  // (docs/stores/redis.md, "Waiting without polling").
+  void start_notifying() {
+    auto call = std::make_shared<Call>();
+    CommandWriter(call->request)
+        .begin(3)
+        .arg("SPUBLISH")
+        .arg(redis::record_key(o.prefix, "idem", "notify-check"))
+        .arg("");
+    call->commands = 1;
+    try {
+      pool->execute(call, call_timeout);
+    } catch (const StoreUnavailable&) {
+      return;
+    }
+    if (call->replies.empty() || call->replies.front()->type != REDIS_REPLY_INTEGER) return;
+    try {
+      subscriber = std::make_unique<redis::Subscriber>(pool->settings());
+    } catch (const std::system_error&) {
+      return;  // no eventfd: the store polls
+    }
+    notify_flag = "1";
+    if (o.topology == RedisTopology::kSentinel) {
+      redis::Subscriber* sub = subscriber.get();
+      pool->on_switch([sub](const std::string& address) { sub->moved_to(address); });
+    }
   }
 
   // --- Redis Cluster ----------------------------------------------------------------------
@@ -750,10 +794,19 @@ RedisStats RedisStore::stats() const {
       s.queued += n.queued;
     }
   }
-  return RedisStats{s.round_trips,  s.commands,
-                    s.reconnects,   impl_->script_reloads.load(std::memory_order_relaxed),
-                    s.queued,       s.primary_switches,
-                    s.switch_events};
+  RedisStats out{s.round_trips,  s.commands,
+                 s.reconnects,   impl_->script_reloads.load(std::memory_order_relaxed),
+                 s.queued,       s.primary_switches,
+                 s.switch_events};
+  if (impl_->subscriber) {
+    const redis::SubscriberStats sub = impl_->subscriber->stats();
+    out.notify = true;
+    out.subscriber_connects = sub.connects;
+    out.subscriber_reconnects = sub.reconnects;
+    out.notifications = sub.messages;
+    out.subscribed_channels = sub.channels;
+  }
+  return out;
 }
 
 AcquireResult RedisStore::do_acquire(std::string_view scope, std::string_view key, Duration lease,
@@ -838,7 +891,7 @@ WriteResult RedisStore::do_complete(std::string_view scope, std::string_view key
         1,
         [&](std::string& o, std::size_t, bool by_body) {
           m.append_script(o, redis::kComplete, by_body, k, std::string_view(tok),
-                          std::int64_t{ttl.count()}, payload);
+                          std::int64_t{ttl.count()}, payload, std::string_view(m.notify_flag));
         },
         [&](std::size_t) { return k; }, /*wait_replicas=*/true);
   } catch (const StoreUnavailable& e) {
@@ -858,7 +911,8 @@ WriteResult RedisStore::do_release(std::string_view scope, std::string_view key,
   Impl& m = *impl_;
   m.refuse_write("release");
   const Impl::RecordRef k{scope, key};
-  const Reply r = m.run_one(redis::kDelete, k, std::string_view(token_text(token)));
+  const Reply r = m.run_one(redis::kDelete, k, std::string_view(token_text(token)),
+                            std::string_view(m.notify_flag));
   if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("release", *r, k);
   return r->integer == 1 ? WriteResult::kDone : WriteResult::kFenced;
 }
@@ -933,9 +987,17 @@ bool RedisStore::do_forget(std::string_view scope, std::string_view key) {
   Impl& m = *impl_;
   m.refuse_write("forget");
   const Impl::RecordRef k{scope, key};
-  const Reply r = m.run_one(redis::kDelete, k, std::string_view());
+  const Reply r = m.run_one(redis::kDelete, k, std::string_view(), std::string_view(m.notify_flag));
   if (r->type != REDIS_REPLY_INTEGER) m.bad_reply("forget", *r, k);
   return r->integer == 1;
+}
+
+std::unique_ptr<RecordWatch> RedisStore::do_watch(std::string_view scope, std::string_view key,
+                                                  std::function<void()> changed) {
+  Impl& m = *impl_;
+  if (!m.subscriber) return nullptr;
+  // The record's own key is its channel: on a cluster it hashes to the record's slot.
+  return m.subscriber->watch(redis::record_key(m.o.prefix, scope, key), std::move(changed));
 }
 
 namespace detail {
@@ -1060,6 +1122,8 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
       o.tls_server_name = value;
     } else if (o.tls && name == "tls_verify") {
       o.tls_verify = kit::choice<bool>(name, value, {{"on", true}, {"off", false}});
+    } else if (name == "notify") {
+      o.notify = kit::choice<bool>(name, value, {{"on", true}, {"off", false}}, true);
     } else if (name == "replay") {
       o.replay = kit::choice<RedisReplayPath>(
           name, value, {{"script", RedisReplayPath::kScript}, {"get", RedisReplayPath::kGet}});
@@ -1067,7 +1131,7 @@ std::shared_ptr<Store> open_redis_store(const Url& url, const OpenOptions& optio
       kit::refuse_unknown(name, url.scheme,
                           std::string(url.scheme == "unix" ? "db, " : "") +
                               "prefix, connections, timeout, connect_timeout, wait_replicas, "
-                              "wait_timeout, replay, eviction" +
+                              "wait_timeout, replay, eviction, notify" +
                               (o.tls ? ", tls_ca, tls_ca_dir, tls_cert, tls_key, "
                                        "tls_server_name, tls_verify"
                                      : ""));

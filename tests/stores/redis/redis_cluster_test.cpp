@@ -79,6 +79,14 @@ Token acquire_token(Store& store, const std::string& key, const std::string& sco
   return std::holds_alternative<Acquired>(r) ? std::get<Acquired>(r).lease.token : 0;
 }
 
+// SPEC §7: not on a cluster yet (docs/stores/redis.md, "Waiting without polling"): no
+// watch, no publish; waiters poll.
+TEST(RedisCluster, HasNoWatch) {
+  auto store = open_store(with_param(cluster_url(), "prefix", fresh_prefix("wake")));
+  EXPECT_EQ(store->watch("s", "k", [] {}), nullptr);
+  EXPECT_FALSE(dynamic_cast<RedisStore&>(*store).stats().notify);
+}
+
 TEST(RedisCluster, EachRecordLivesOnThePrimaryOfItsSlot) {
   const std::string prefix = fresh_prefix("route");
   auto store = open_store(with_param(cluster_url(), "prefix", prefix));

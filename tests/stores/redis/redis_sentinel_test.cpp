@@ -75,6 +75,12 @@ std::string primary_port() {
   return std::string(r->element[1]->str, r->element[1]->len);
 }
 
+// SPEC §7: the subscriber connects to the primary the sentinels name.
+TEST(RedisSentinel, AWatchWakesWhenAnotherStoreCompletes) {
+  expect_watch_wakes_on_complete(
+      with_param(sentinel_url(), "prefix", fresh_prefix("sentinel-wake")));
+}
+
 TEST(RedisSentinel, DescribeNamesTheSentinelsAndTheService) {
   auto store = open_store(sentinel_url());
   EXPECT_EQ(store->describe(), sentinel_url().substr(0, sentinel_url().find('?')));

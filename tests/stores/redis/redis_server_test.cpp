@@ -121,6 +121,8 @@ TEST_F(PrivateRedisTest, ACallTimesOutOnAPausedServerAndLaterCallsSucceed) {
   o.connections = 1;
   o.timeout = 300ms;
   auto store = std::make_shared<RedisStore>(o);
+  // Opening made round trips of its own (the check that the server can publish).
+  const std::uint64_t opened = store->stats().round_trips;
   server.pause();
   // One call in flight (its round trip times out) and one queued behind it (its deadline
   // passes before it could be sent).
@@ -129,7 +131,7 @@ TEST_F(PrivateRedisTest, ACallTimesOutOnAPausedServerAndLaterCallsSucceed) {
     in_flight = expect_unavailable([&] { (void)store->acquire("s", "a", 30s, 1h); },
                                    {"timed out after 300 ms"});
   });
-  ASSERT_TRUE(eventually([&] { return store->stats().round_trips == 1; }));
+  ASSERT_TRUE(eventually([&] { return store->stats().round_trips == opened + 1; }));
   expect_unavailable([&] { (void)store->acquire("s", "b", 30s, 1h); }, {"timed out after 300 ms"});
   first.join();
   ASSERT_TRUE(in_flight.has_value());
@@ -243,10 +245,7 @@ TEST_F(PrivateRedisTest, AclUserWithRightCredentialsWorksAndWrongOnesAreNamed) {
   ASSERT_TRUE(server.ok());
   RawRedis raw(server.port());
   // The least the store needs: its scripts and the commands they call, on its own keys.
-  ASSERT_EQ(
-      raw.text({"ACL", "SETUSER", "app", "on", ">s3cret-pw", "~idem-acl:*", "+evalsha", "+eval",
-                "+script|load", "+info", "+get", "+set", "+del", "+append", "+time"}),
-      "OK");
+  ASSERT_EQ(raw.text(least_acl_user("app", "s3cret-pw", "idem-acl:*")), "OK");
   ASSERT_EQ(raw.text({"ACL", "SETUSER", "nodel", "on", ">other-pw", "~idem-acl:*", "+evalsha",
                       "+eval", "+script|load", "+info", "+get", "+set", "+append", "+time"}),
             "OK");

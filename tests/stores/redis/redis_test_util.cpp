@@ -13,8 +13,10 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <variant>
 
 #include "idem/open_store.h"
+#include "idem/store.h"
 #include "support/eventually.h"
 
 namespace idem::testing {
@@ -54,6 +56,34 @@ void SharedRedisTest::SetUp() {
 
 void PrivateRedisTest::SetUp() {
   IDEM_SKIP_OR_FAIL_UNLESS(have_program("redis-server"), "redis-server is not installed");
+}
+
+std::vector<std::string> least_acl_user(const std::string& name, const std::string& password,
+                                        const std::string& keys) {
+  return {"ACL",      "SETUSER",  name,    "on",           ">" + password,
+          "~" + keys, "+evalsha", "+eval", "+script|load", "+info",
+          "+get",     "+set",     "+del",  "+append",      "+time"};
+}
+
+void expect_watch_wakes_on_complete(const std::string& url) {
+  using namespace std::chrono_literals;
+  auto owner = open_store(url);
+  auto waiter_store = open_store(url);
+  auto* waiter = dynamic_cast<RedisStore*>(waiter_store.get());
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(waiter->stats().notify);
+  const AcquireResult r = owner->acquire("w", "job", 60s, 1h);
+  ASSERT_TRUE(std::holds_alternative<Acquired>(r));
+  std::atomic<int> woken{0};
+  auto watch = waiter->watch("w", "job", [&] { ++woken; });
+  ASSERT_NE(watch, nullptr);
+  // The confirmed subscription calls the watch once (a publish may have come before it).
+  ASSERT_TRUE(eventually([&] { return waiter->stats().subscribed_channels == 1 && woken > 0; }));
+  const int before = woken.load();
+  ASSERT_EQ(owner->complete("w", "job", std::get<Acquired>(r).lease.token, "done", 1h),
+            WriteResult::kDone);
+  EXPECT_TRUE(eventually([&] { return woken.load() > before; }));
+  EXPECT_GE(waiter->stats().notifications, 1U);
 }
 
 // --- RawRedis -----------------------------------------------------------------------------

@@ -129,6 +129,15 @@ std::optional<StoreUnavailable> expect_unavailable(F&& step,
   return std::nullopt;
 }
 
+// ACL SETUSER's arguments for a user `name` with password `password` and the least the
+// store needs on keys `keys` (its scripts and the commands they call); no publish/subscribe.
+std::vector<std::string> least_acl_user(const std::string& name, const std::string& password,
+                                        const std::string& keys);
+
+// SPEC §7 on any Redis deployment: on two stores opened from `url` (which names a fresh
+// prefix), a watch on one store is subscribed, and a complete through the other wakes it.
+void expect_watch_wakes_on_complete(const std::string& url);
+
 // A loopback TCP port nothing listens on right now (bound, then closed again).
 int unused_port();
 

@@ -55,6 +55,11 @@ void works(const std::shared_ptr<Store>& store) {
       std::holds_alternative<Replay>(store->acquire("s", "k", Duration{10000}, Duration{60000})));
 }
 
+// SPEC §7: the subscriber's connection speaks TLS like the pool's.
+TEST(RedisTls, AWatchWakesWhenAnotherStoreCompletes) {
+  expect_watch_wakes_on_complete(with_param(tls_url(), "prefix", fresh_prefix("tls-wake")));
+}
+
 TEST(RedisTls, ChecksTheCertificateAgainstTheGivenCa) {
   works(open_store(tls_url_with("127.0.0.1", "tls_ca=" + cert("ca.crt"))));
 }
