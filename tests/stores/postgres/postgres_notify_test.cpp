@@ -108,13 +108,16 @@ class PostgresNotify : public ::testing::Test {
 
   // The owner (this process) holds "job" while a waiter in another process, opened with
   // `waiter_params` and polling every `backoff_ms`, waits for it; `meanwhile` runs once the
-  // waiter waits, then `finish` ends the owner's lease. Returns the waiter's answer.
+  // store answered the waiter busy `busy` times, then `finish` ends the owner's lease.
+  // Returns the waiter's answer. With a listener, the third busy answer comes after it
+  // listens (it wakes every watch once then), so only a notification can bring a fourth
+  // call before the next poll.
   template <typename Finish, typename Meanwhile>
   std::string wait_in_another_process(const std::string& waiter_params, const char* backoff_ms,
-                                      Finish finish, Meanwhile meanwhile) {
+                                      const char* busy, Finish finish, Meanwhile meanwhile) {
     PostgresStore owner(options());
     const Token token = hold(owner, "job");
-    Worker waiter({"wait", url(waiter_params), "job", backoff_ms});
+    Worker waiter({"wait", url(waiter_params), "job", backoff_ms, busy});
     EXPECT_EQ(waiter.read_line(), "waiting");
     meanwhile();
     EXPECT_EQ(finish(owner, token), WriteResult::kDone);
@@ -131,14 +134,13 @@ class PostgresNotify : public ::testing::Test {
 };
 
 TEST_F(PostgresNotify, AWaiterInAnotherProcessWakesWhenTheOwnerCompletes) {
-  EXPECT_THAT(wait_in_another_process("notify=on", kHour, complete, [] {}),
-              StartsWith("replay first acquires="));
+  EXPECT_EQ(wait_in_another_process("notify=on", kHour, "3", complete, [] {}),
+            "replay first acquires=4");
 }
 
 TEST_F(PostgresNotify, AWaiterInAnotherProcessWakesWhenTheOwnerReleases) {
   const auto release = [](Store& owner, Token token) { return owner.release("mp", "job", token); };
-  EXPECT_THAT(wait_in_another_process("notify=on", kHour, release, [] {}),
-              StartsWith("ran acquires="));
+  EXPECT_EQ(wait_in_another_process("notify=on", kHour, "3", release, [] {}), "ran acquires=4");
   EXPECT_EQ(PostgresStore(options()).get("mp", "job")->payload, "mine");
 }
 
@@ -248,15 +250,15 @@ TEST_F(PostgresNotify, AWaiterInAnotherProcessAnswersWhenItsListeningConnectionI
   };
   // Completed while its listener may be down: the notification may be lost, and the waiter
   // polls once an hour, so only the listener's wake-up after it connects again can answer.
-  EXPECT_THAT(
-      wait_in_another_process("notify=on&application_name=" + app, kHour, complete, kill_listener),
-      StartsWith("replay first acquires="));
+  EXPECT_THAT(wait_in_another_process("notify=on&application_name=" + app, kHour, "3", complete,
+                                      kill_listener),
+              StartsWith("replay first acquires="));
 }
 
 TEST_F(PostgresNotify, AWaiterWhoseListenerCannotConnectStillAnswersByPolling) {
   // Nothing listens on port 1: the waiter's listener never connects.
   EXPECT_THAT(wait_in_another_process("notify=on&listen=postgresql://127.0.0.1:1/idem_test", "20",
-                                      complete, [] {}),
+                                      "2", complete, [] {}),
               StartsWith("replay first acquires="));
 }
 
