@@ -1,7 +1,8 @@
 // SPEC §7: how soon a duplicate waiting in another process returns after the owner's
 // complete returns, with the waiters polling alone (the store URL with notify=off) and with
 // the store's notifications (notify=on; on SQLite the same-machine signal,
-// stores/sqlite/sqlite_wake.h). docs/benchmarks.md quotes it.
+// stores/sqlite/sqlite_wake.h, on PostgreSQL LISTEN/NOTIFY, stores/postgres/
+// postgres_listener.h). docs/benchmarks.md quotes it.
 //
 //   wake_latency STORE_URL [SAMPLES] [HOLD_MS]
 //
@@ -121,7 +122,9 @@ int main(int argc, char** argv) {
   Mode modes[2] = {Mode{.notify = false, .ms = {}}, Mode{.notify = true, .ms = {}}};
   // Fork before this process starts any thread of its own.
   for (Mode& m : modes) start(m, url, prefix);
-  const std::shared_ptr<idem::Store> owner = idem::open_store(url);
+  // The owner sends notifications in both modes (a store where they are off by default,
+  // PostgreSQL, sends none otherwise); only the waiters differ.
+  const std::shared_ptr<idem::Store> owner = idem::open_store(with_notify(url, true));
   idem::Store& store = *owner;
   for (int i = 0; i < samples; ++i) {
     for (Mode& m : modes) {

@@ -21,7 +21,7 @@ std::uint64_t stable_record_hash(std::string_view scope, std::string_view key) n
 
 class RecordWatchers::Watch final : public RecordWatch {
  public:
-  Watch(std::shared_ptr<Shared> shared, std::list<Entry>::iterator entry)
+  Watch(std::shared_ptr<Shared> shared, Entries::iterator entry)
       : shared_(std::move(shared)), entry_(entry) {}
   ~Watch() override {
     std::lock_guard lock(shared_->mu);
@@ -31,7 +31,7 @@ class RecordWatchers::Watch final : public RecordWatch {
 
  private:
   std::shared_ptr<Shared> shared_;
-  std::list<Entry>::iterator entry_;
+  Entries::iterator entry_;
 };
 
 RecordWatchers::RecordWatchers(std::function<void()> on_first, std::function<void()> on_last)
@@ -51,15 +51,26 @@ std::unique_ptr<RecordWatch> RecordWatchers::add(std::uint64_t hash,
                                                  std::function<void()> changed) {
   std::lock_guard lock(shared_->mu);
   if (shared_->entries.empty() && shared_->on_first) shared_->on_first();
-  shared_->entries.push_front(Entry{hash, std::move(changed)});
-  return std::make_unique<Watch>(shared_, shared_->entries.begin());
+  auto entry = shared_->entries.emplace(hash, std::move(changed));
+  return std::make_unique<Watch>(shared_, entry);
 }
 
 void RecordWatchers::notify_if(const std::function<bool(std::uint64_t hash)>& concerns) {
   std::lock_guard lock(shared_->mu);
-  for (Entry& e : shared_->entries) {
-    if (concerns(e.hash)) e.changed();
+  for (auto& [hash, changed] : shared_->entries) {
+    if (concerns(hash)) changed();
   }
+}
+
+void RecordWatchers::notify(std::uint64_t hash) {
+  std::lock_guard lock(shared_->mu);
+  const auto [first, last] = shared_->entries.equal_range(hash);
+  for (auto it = first; it != last; ++it) it->second();
+}
+
+void RecordWatchers::notify_all() {
+  std::lock_guard lock(shared_->mu);
+  for (auto& entry : shared_->entries) entry.second();
 }
 
 std::size_t RecordWatchers::size() const {

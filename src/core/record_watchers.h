@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -34,17 +34,20 @@ class RecordWatchers {
   // Runs the callback of every watch whose hash `concerns` says may have changed, under the
   // registry's lock (so a watch being destroyed waits for its callback to return).
   void notify_if(const std::function<bool(std::uint64_t hash)>& concerns);
+  // The same for the watches of one hash (found by the index, not by a walk over them all).
+  void notify(std::uint64_t hash);
+  // The same for every watch.
+  void notify_all();
 
   std::size_t size() const;
 
  private:
-  struct Entry {
-    std::uint64_t hash;
-    std::function<void()> changed;
-  };
+  // Callbacks by the hash of their record; a multimap's iterators stay valid while other
+  // entries come and go, so each watch keeps its own.
+  using Entries = std::multimap<std::uint64_t, std::function<void()>>;
   struct Shared {
     mutable std::mutex mu;
-    std::list<Entry> entries;
+    Entries entries;
     std::function<void()> on_first, on_last;
   };
   class Watch;

@@ -24,11 +24,13 @@
 //       "busy REMAINING_MS" or "replay PAYLOAD".
 //   complete URL KEY TOKEN PAYLOAD TTL_MS
 //       Calls Store::complete once; prints "done" or "fenced".
-//   wait URL KEY BACKOFF_MS
+//   wait URL KEY BACKOFF_MS [BUSY]
 //       Runs KEY, waiting up to an hour for a busy key and polling every BACKOFF_MS; prints
-//       "waiting" once the store answered busy twice (the executor watches the record by
-//       then, on a store that can notify), then "replay PAYLOAD acquires=N" or
-//       "ran acquires=N" (N: the store's acquire calls), or "error MESSAGE".
+//       "waiting" once the store answered busy BUSY times (2 by default: the executor
+//       watches the record by then, on a store that can notify; 3 on PostgreSQL, whose
+//       listener wakes every watch once when it starts listening), then
+//       "replay PAYLOAD acquires=N" or "ran acquires=N" (N: the store's acquire calls), or
+//       "error MESSAGE".
 
 #include <atomic>
 #include <chrono>
@@ -36,11 +38,13 @@
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -128,10 +132,11 @@ int run_once(const std::string& url, const std::string& key, const std::string& 
   return 0;
 }
 
-// Counts acquires, and says "waiting" at the second busy answer.
+// Counts acquires, and says "waiting" at the busy_lines-th busy answer.
 class CountingAcquires final : public idem::StoreWrapper {
  public:
-  using StoreWrapper::StoreWrapper;
+  CountingAcquires(std::shared_ptr<idem::Store> store, int busy_lines)
+      : StoreWrapper(std::move(store)), busy_lines_(busy_lines) {}
   int acquires() const { return acquires_.load(); }
 
  protected:
@@ -140,17 +145,20 @@ class CountingAcquires final : public idem::StoreWrapper {
                                  std::optional<std::string_view> fingerprint) override {
     idem::AcquireResult r = StoreWrapper::do_acquire(scope, key, lease, ttl, fingerprint);
     const int n = ++acquires_;
-    if (n == 2 && std::holds_alternative<idem::Busy>(r)) std::cout << "waiting" << std::endl;
+    if (n == busy_lines_ && std::holds_alternative<idem::Busy>(r)) {
+      std::cout << "waiting" << std::endl;
+    }
     return r;
   }
 
  private:
   std::atomic<int> acquires_{0};
+  int busy_lines_;
 };
 
-int wait_once(const std::string& url, const std::string& key, int backoff_ms) {
+int wait_once(const std::string& url, const std::string& key, int backoff_ms, int busy_lines) {
   try {
-    auto store = std::make_shared<CountingAcquires>(idem::open_store(url));
+    auto store = std::make_shared<CountingAcquires>(idem::open_store(url), busy_lines);
     const auto backoff = std::chrono::milliseconds(backoff_ms);
     idem::Executor exec(store,
                         idem::ExecutorOptions{.wait = idem::WaitPolicy{.max_wait = 1h,
@@ -245,7 +253,9 @@ int main(int argc, char** argv) {
     if (mode == "complete" && argc == 7) {
       return complete_once(argv[2], argv[3], std::stoull(argv[4]), argv[5], std::stoi(argv[6]));
     }
-    if (mode == "wait" && argc == 5) return wait_once(argv[2], argv[3], std::stoi(argv[4]));
+    if (mode == "wait" && (argc == 5 || argc == 6)) {
+      return wait_once(argv[2], argv[3], std::stoi(argv[4]), argc == 6 ? std::stoi(argv[5]) : 2);
+    }
     if (mode == "run" && argc == 7) {
       return run_once(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));
     }

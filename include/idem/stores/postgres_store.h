@@ -10,6 +10,8 @@
 // Does not include libpq-fe.h: libpq is a private dependency of the idem::postgres target.
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -92,6 +94,28 @@ struct PostgresStoreOptions {
   // advisory locks do not show in pg_locks (the store's per-key order rests on them).
   // false: the caller vouches for the server.
   bool check_server = true;
+  // SPEC §7: complete, release and forget also send a notification on the table's channel
+  // (pg_notify in the same statement, so it is delivered only if the write commits), and
+  // watch() wakes waiters through one LISTEN connection per store object. false: nothing is
+  // sent and watch() returns null (waiters poll). See docs/stores/postgres.md, "Waiting
+  // without polling".
+  bool notify = false;
+  // A libpq connection string (a URI or key=value pairs) for the listening connection alone:
+  // a direct connection to the same database when `conninfo` goes through a transaction
+  // pooler, through which LISTEN does not work. Empty: the listener uses `conninfo`, except
+  // behind a transaction pooler, where the store then does not listen (watch() returns null,
+  // the notifications are still sent). Only with `notify`.
+  std::string listen{};
+};
+
+// What the store's listener (PostgresStoreOptions::notify) did, for tests and monitoring.
+struct PostgresListenerStats {
+  std::uint64_t connects = 0;       // connections that were made and listened
+  std::uint64_t reconnects = 0;     // of those, the ones made after a connection was lost
+  std::uint64_t notifications = 0;  // notifications received on the table's channel
+  std::size_t watches = 0;          // watches registered now
+  bool listening = false;           // a connection listens now
+  int backend_pid = 0;              // its server process (pg_backend_pid()), 0 when none
 };
 
 // Also a TransactionalStore (SPEC §14): a caller's PGconn* on the same database can hold the
@@ -111,6 +135,9 @@ class PostgresStore final : public Store, public TransactionalStore {
   std::string describe() const override;
   TransactionalStore* transactions() noexcept override;
 
+  // The listener's counters; all zero while no watch has started it.
+  PostgresListenerStats listener_stats() const;
+
  protected:
   AcquireResult do_acquire(std::string_view scope, std::string_view key, Duration lease,
                            Duration ttl, std::optional<std::string_view> fingerprint) override;
@@ -123,6 +150,8 @@ class PostgresStore final : public Store, public TransactionalStore {
   std::size_t do_purge(std::size_t limit) override;
   std::optional<Record> do_get(std::string_view scope, std::string_view key) override;
   bool do_forget(std::string_view scope, std::string_view key) override;
+  std::unique_ptr<RecordWatch> do_watch(std::string_view scope, std::string_view key,
+                                        std::function<void()> changed) override;
 
   WriteResult do_complete_in(const SqlConnection& conn, std::string_view scope,
                              std::string_view key, Token token, std::string_view payload,

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "idem/store.h"
 #include "idem/stores/postgres_store.h"
@@ -108,21 +109,28 @@ struct Statements {
   Statements(const Sql& sql, const std::string& table, const PostgresStoreOptions& o)
       : select_record(table, sql.select_record, {kBytea, kBytea}),
         acquire(table, sql.acquire, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}),
-        complete(table, sql.complete, {kBytea, kBytea, kInt8, kBytea, kInt8}),
+        complete(table, sql.complete, with_hash(sql, {kBytea, kBytea, kInt8, kBytea, kInt8})),
         completed_by(table, sql.completed_by, {kBytea, kBytea, kInt8}),
-        release(table, sql.release, {kBytea, kBytea, kInt8}),
+        release(table, sql.release, with_hash(sql, {kBytea, kBytea, kInt8})),
         extend(table, sql.extend, {kBytea, kBytea, kInt8, kInt8}),
         extend_many(table, sql.extend_many, {kByteas, kByteas, kInt8s, kInt8s}),
         purge(table, sql.purge, {kInt8}),
-        forget(table, sql.forget, {kBytea, kBytea}),
+        forget(table, sql.forget, with_hash(sql, {kBytea, kBytea})),
         select_many(table, sql.select_many, {kByteas, kByteas}),
         acquire_many(table, sql.acquire_many, {kByteas, kByteas, kInt8s, kInt8s, kByteas, kInt8s}),
-        complete_many(table, sql.complete_many, {kByteas, kByteas, kInt8s, kByteas, kInt8s}),
+        complete_many(table, sql.complete_many,
+                      with_hash(sql, {kByteas, kByteas, kInt8s, kByteas, kInt8s}, kInt8s)),
         begin(table, std::string("BEGIN ISOLATION LEVEL READ COMMITTED") +
                          (o.read_only ? " READ ONLY" : "")),
         commit(table, "COMMIT"),
         settings(table, transaction_settings(o.timeout, o.asynchronous_commit)),
         acquire_nowait(table, sql.acquire_nowait, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}) {}
+
+  // The types of a statement that notifies when the store does (Sql): one more, the hash.
+  static std::vector<Oid> with_hash(const Sql& sql, std::vector<Oid> types, Oid hash = kInt8) {
+    if (!sql.channel.empty()) types.push_back(hash);
+    return types;
+  }
 
   static constexpr Oid kBytea = kByteaOid;
   static constexpr Oid kInt8 = kInt8Oid;

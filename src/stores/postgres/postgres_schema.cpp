@@ -54,7 +54,14 @@ constexpr const char* kLive =
 
 }  // namespace
 
-Sql::Sql(const TableNames& names) {
+Sql::Sql(const TableNames& names, std::string notify_channel) : channel(std::move(notify_channel)) {
+  // SPEC §7: the notification for a changed record, as an expression of its hash; the
+  // channel is letters, digits and "_.:" only (notify_channel()), so it is quoted as is.
+  const auto notify = [&](const std::string& hash) {
+    return "pg_notify('" + channel + "', to_hex(" + hash + "))";
+  };
+  const bool notifying = !channel.empty();
+
   const std::initializer_list<std::pair<std::string_view, std::string>> common = {
       {"live", kLive},
       {"t", names.table()},
@@ -159,27 +166,32 @@ SELECT state, token, attempt, acquired_at, lease_expires_at, completed_at, expir
        fingerprint, payload, {now}, 1::smallint, i
 FROM live)sql");
 
-  complete_many = sql(R"sql(
+  complete_many = sql(fill(R"sql(
 UPDATE {t} AS r SET state = 1, payload = b.payload, completed_at = {now},
                     expires_at = {now} + b.ttl {ms}, purge_after = {now} + b.ttl {ms},
                     acquired_at = NULL, lease_expires_at = NULL
-FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[], $5::int8[]) WITH ORDINALITY
-     AS b(scope, key, token, payload, ttl, i)
+FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::bytea[], $5::int8[]{hashes}) WITH ORDINALITY
+     AS b(scope, key, token, payload, ttl{hash}, i)
 WHERE r.scope = b.scope AND r.key = b.key AND r.token = b.token AND r.state = 0
-RETURNING b.i)sql");
+RETURNING b.i{notify})sql",
+                           {{"hashes", notifying ? ", $6::int8[]" : ""},
+                            {"hash", notifying ? ", hash" : ""},
+                            {"notify", notifying ? ", " + notify("b.hash") : ""}}));
 
   // SPEC §4: only the lease's token completes an IN_PROGRESS record, whatever its deadline.
   complete = sql(
       "UPDATE {t} SET state = 1, payload = $4, completed_at = {now}, expires_at = {now} + $5 {ms}, "
       "purge_after = {now} + $5 {ms}, acquired_at = NULL, lease_expires_at = NULL "
-      "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0");
+      "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0" +
+      (notifying ? " RETURNING " + notify("$6") : std::string()));
 
   completed_by =
       sql("SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 1");
 
   release =
       sql("DELETE FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0 "
-          "RETURNING {relaxed}");
+          "RETURNING {relaxed}" +
+          (notifying ? ", " + notify("$4") : std::string()));
 
   // SPEC §4: extend does not touch expires_at, but a longer lease can push purge_after out.
   extend =
@@ -208,7 +220,8 @@ WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM {t} WHERE purge_after <= {now}
   AND r.expires_at <= {now} AND (r.state = 1 OR r.lease_expires_at <= {now})
 RETURNING {relaxed})sql");
 
-  forget = sql("DELETE FROM {t} WHERE scope = $1 AND key = $2");
+  forget = sql("DELETE FROM {t} WHERE scope = $1 AND key = $2" +
+               (notifying ? " RETURNING " + notify("$3") : std::string()));
 
   // CACHE 1: every nextval() takes the next value of the one shared counter, so values
   // drawn later are larger, whichever session draws them. The sequence is not owned by the

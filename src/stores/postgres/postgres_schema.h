@@ -67,8 +67,16 @@ inline constexpr int kOutcomeLocked = 2;
 
 // The statements, with the table's names filled in. Parameters are binary: scope and key
 // bytea, tokens and durations (milliseconds) int8.
+//
+// With a notification channel (SPEC §7, postgres_listener.h), complete, complete_many,
+// release and forget take one more parameter, the record's stable_record_hash as int8 (an
+// int8[] for complete_many), and send pg_notify(channel, to_hex(hash)) for each record they
+// changed, in the same statement, so the notification commits with the write.
 struct Sql {
-  explicit Sql(const TableNames& names);
+  explicit Sql(const TableNames& names, std::string notify_channel = {});
+
+  // The channel the writes notify on; empty: they do not notify.
+  std::string channel;
 
   // $1 scope, $2 key. The whole record and the server's now. Read-only.
   std::string select_record;
@@ -81,11 +89,13 @@ struct Sql {
   // transaction holds the key's advisory lock (a one-transaction caller writing the key),
   // one row with outcome kOutcomeLocked instead of waiting for it.
   std::string acquire_nowait;
-  // $1 scope, $2 key, $3 token, $4 payload, $5 ttl ms. Affects one row when done.
+  // $1 scope, $2 key, $3 token, $4 payload, $5 ttl ms (, $6 hash). Affects one row when
+  // done.
   std::string complete;
   // $1 scope, $2 key, $3 token: a row when the record is COMPLETE by that token.
   std::string completed_by;
-  // $1 scope, $2 key, $3 token. A row when done. Commits with synchronous_commit = off.
+  // $1 scope, $2 key, $3 token (, $4 hash). A row when done. Commits with
+  // synchronous_commit = off.
   std::string release;
   // $1 scope, $2 key, $3 token, $4 lease ms. Returns the new deadline and now when done.
   // Commits with synchronous_commit = off.
@@ -101,14 +111,14 @@ struct Sql {
   //                none), $6 advisory lock ids: acquire's columns and the position, one row
   //                per request that took its lease or found a live record. The keys' locks
   //                are taken in ascending order, every one before its key's token is drawn.
-  //  complete_many $1 scopes, $2 keys, $3 tokens, $4 payloads, $5 ttls: the position of
-  //                each request that completed its record.
+  //  complete_many $1 scopes, $2 keys, $3 tokens, $4 payloads, $5 ttls (, $6 hashes): the
+  //                position of each request that completed its record.
   std::string select_many;
   std::string acquire_many;
   std::string complete_many;
   // $1 limit. One row per record deleted. Commits with synchronous_commit = off.
   std::string purge;
-  // $1 scope, $2 key. Affects one row when a record was deleted.
+  // $1 scope, $2 key (, $3 hash). Affects one row when a record was deleted.
   std::string forget;
 
   // Creates the sequence (kept if it exists, so tokens never restart), the table, the

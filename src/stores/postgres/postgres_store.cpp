@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "core/record_id.h"
+#include "core/record_watchers.h"
 #include "idem/error.h"
 #include "stores/postgres/postgres_batcher.h"
 #include "stores/postgres/postgres_connection.h"
+#include "stores/postgres/postgres_listener.h"
 #include "stores/postgres/postgres_operations.h"
 #include "stores/postgres/postgres_pool.h"
 #include "stores/postgres/postgres_schema.h"
@@ -100,6 +102,10 @@ struct PostgresStore::Impl {
   std::string session_setup;  // run once on each connection whose session is its own
   Fnv1a table_hash;           // the start of every advisory lock id of this table
   std::unique_ptr<Pool> pool;
+  // SPEC §7: the channel the writes notify on (empty: notify = false or read-only), and the
+  // listener that watches use (null: they cannot, and watch() returns null).
+  std::string channel;
+  std::unique_ptr<postgres::Listener> listener;
   std::atomic<int> absent_score{0};
   ReadBatcher reads{kMaxBatch, kMaxBatchesInFlight, &id_of<ReadRequest>};
   AcquireBatcher acquires{kMaxBatch, kMaxBatchesInFlight, &id_of<AcquireRequest>};
@@ -114,6 +120,12 @@ struct PostgresStore::Impl {
     const bool default_table = options.table == PostgresStoreOptions{}.table;
     names = parse_table(options.table);
     conn_params = parse_conninfo(options.conninfo);
+    if (!options.listen.empty()) {
+      if (!options.notify) {
+        throw InvalidArgument("listen", "is a connection for notifications: it needs notify=on");
+      }
+      (void)parse_conninfo(options.listen);  // refused now, not when the first waiter comes
+    }
     describe = describe_of(conn_params, names, default_table);
     if (param_value(conn_params, "fallback_application_name").empty()) {
       set_param(conn_params, "fallback_application_name", "idem");
@@ -134,7 +146,9 @@ struct PostgresStore::Impl {
     first->set_use(use);
     if (use.own_session) first->exec(session_setup, deadline);
     prepare_table(*first, deadline);
-    st = std::make_unique<Statements>(postgres::Sql(names), names.display(), options);
+    if (options.notify && !options.read_only) channel = postgres::notify_channel(names);
+    st = std::make_unique<Statements>(postgres::Sql(names, channel), names.display(), options);
+    listener = make_listener();
     table_hash.add(names.display()).add(std::string_view("\0", 1));
     pool = std::make_unique<Pool>(
         options.pool_size,
@@ -145,6 +159,35 @@ struct PostgresStore::Impl {
         },
         describe, options.timeout);
     pool->adopt(std::move(first));
+  }
+
+  // The listener for watches, or null when the store cannot listen: notify is off, the
+  // store is read-only, or it goes through a transaction pooler (LISTEN needs a server
+  // session of its own) and `listen` gives no direct connection.
+  std::unique_ptr<postgres::Listener> make_listener() const {
+    if (channel.empty()) return nullptr;
+    postgres::ConnParams params;
+    if (!options.listen.empty()) {
+      params = parse_conninfo(options.listen);
+    } else if (use.own_session) {
+      params = conn_params;
+    } else {
+      return nullptr;
+    }
+    // Named for what it is in pg_stat_activity: "<application_name>-listen".
+    std::string app = param_value(params, "application_name");
+    if (app.empty()) app = param_value(conn_params, "application_name");
+    if (app.empty()) app = "idem";
+    set_param(params, "application_name", app + "-listen");
+    return std::make_unique<postgres::Listener>(std::move(params), channel, options.timeout);
+  }
+
+  // SPEC §7: the notifying statements' last parameter, the record's hash.
+  Params& hash_of(Params& p, std::string_view scope, std::string_view key) const {
+    if (!channel.empty()) {
+      p.int8(static_cast<std::int64_t>(idem::detail::stable_record_hash(scope, key)));
+    }
+    return p;
   }
 
   // What answers: PostgreSQL 12 or later (not a look-alike), a primary (or a standby for a
@@ -410,7 +453,7 @@ struct PostgresStore::Impl {
         return;
       }
       std::vector<std::string_view> scopes, keys, payloads;
-      std::vector<std::int64_t> tokens, ttls;
+      std::vector<std::int64_t> tokens, ttls, hashes;
       for (auto* e : batch) {
         const CompleteRequest& q = *e->request;
         scopes.push_back(q.scope);
@@ -418,15 +461,16 @@ struct PostgresStore::Impl {
         tokens.push_back(static_cast<std::int64_t>(q.token));
         payloads.push_back(q.payload);
         ttls.push_back(q.ttl.count());
+        if (!channel.empty()) {
+          hashes.push_back(
+              static_cast<std::int64_t>(idem::detail::stable_record_hash(q.scope, q.key)));
+        }
       }
-      Result r = run(c, st->complete_many,
-                     Params()
-                         .bytea_array(scopes)
-                         .bytea_array(keys)
-                         .int8_array(tokens)
-                         .bytea_array(payloads)
-                         .int8_array(ttls),
-                     Access::kWrite, d);
+      Params p;
+      p.bytea_array(scopes).bytea_array(keys).int8_array(tokens).bytea_array(payloads).int8_array(
+          ttls);
+      if (!channel.empty()) p.int8_array(hashes);
+      Result r = run(c, st->complete_many, p, Access::kWrite, d);
       for (int row = 0; row < r.rows(); ++row) {
         const auto at = static_cast<std::size_t>(r.int8(row, 0) - 1);
         if (at < batch.size()) batch[at]->response = true;
@@ -435,14 +479,13 @@ struct PostgresStore::Impl {
   }
 
   bool complete_one(Connection& c, const CompleteRequest& q, Deadline d) {
-    Result r = run(c, st->complete,
-                   Params()
-                       .bytes(q.scope)
-                       .bytes(q.key)
-                       .int8(static_cast<std::int64_t>(q.token))
-                       .bytes(q.payload)
-                       .int8(q.ttl.count()),
-                   Access::kWrite, d);
+    Params p;
+    p.bytes(q.scope)
+        .bytes(q.key)
+        .int8(static_cast<std::int64_t>(q.token))
+        .bytes(q.payload)
+        .int8(q.ttl.count());
+    Result r = run(c, st->complete, hash_of(p, q.scope, q.key), Access::kWrite, d);
     return r.affected() > 0;
   }
 
@@ -544,10 +587,11 @@ WriteResult PostgresStore::do_complete(std::string_view scope, std::string_view 
 
 WriteResult PostgresStore::do_release(std::string_view scope, std::string_view key, Token token) {
   Impl& s = *impl_;
+  Params p;
+  p.bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token));
+  s.hash_of(p, scope, key);
   return s.with_connection([&](Connection& c, Deadline deadline) {
-    Result r = s.run(c, s.st->release,
-                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)),
-                     Access::kWrite, deadline);
+    Result r = s.run(c, s.st->release, p, Access::kWrite, deadline);
     return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
   });
 }
@@ -648,10 +692,21 @@ std::optional<Record> PostgresStore::do_get(std::string_view scope, std::string_
 
 bool PostgresStore::do_forget(std::string_view scope, std::string_view key) {
   Impl& s = *impl_;
+  Params p;
+  s.hash_of(p.bytes(scope).bytes(key), scope, key);
   return s.with_connection([&](Connection& c, Deadline deadline) {
-    return s.run(c, s.st->forget, Params().bytes(scope).bytes(key), Access::kWrite, deadline)
-               .affected() > 0;
+    return s.run(c, s.st->forget, p, Access::kWrite, deadline).affected() > 0;
   });
+}
+
+std::unique_ptr<RecordWatch> PostgresStore::do_watch(std::string_view scope, std::string_view key,
+                                                     std::function<void()> changed) {
+  if (!impl_->listener) return nullptr;
+  return impl_->listener->watch(scope, key, std::move(changed));
+}
+
+PostgresListenerStats PostgresStore::listener_stats() const {
+  return impl_->listener ? impl_->listener->stats() : PostgresListenerStats{};
 }
 
 // --- SPEC §14: the caller's transaction ---------------------------------------------------
@@ -697,6 +752,7 @@ WriteResult PostgresStore::do_complete_in(const SqlConnection& conn, std::string
   check_caller(pg, s.describe);
   Params p;
   p.bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)).bytes(payload).int8(ttl.count());
+  s.hash_of(p, scope, key);
   if (postgres::run_on_caller(pg, s.st->complete.sql, &p, s.st->complete.types, s.describe)
           .affected() > 0) {
     return WriteResult::kDone;

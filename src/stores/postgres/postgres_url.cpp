@@ -124,6 +124,10 @@ std::shared_ptr<Store> open_postgres_store(const Url& url, const OpenOptions& op
       o.statements = kit::choice<PostgresStatements>(
           name, value,
           {{"prepared", PostgresStatements::kPrepared}, {"unnamed", PostgresStatements::kUnnamed}});
+    } else if (name == "notify") {
+      o.notify = kit::choice<bool>(name, value, {{"on", true}, {"off", false}});
+    } else if (name == "listen") {
+      o.listen = value;
     } else if (name == "server") {
       o.check_server = kit::choice<bool>(name, value, {{"postgresql", true}, {"any", false}});
     } else {

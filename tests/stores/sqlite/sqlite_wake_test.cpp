@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <variant>
@@ -21,6 +20,7 @@
 #include "idem/testing/matchers.h"  // gtest printers for the store results (ODR)
 #include "stores/sqlite/sqlite_test_util.h"
 #include "support/eventually.h"
+#include "support/threads.h"
 #include "support/worker_process.h"
 
 namespace idem {
@@ -41,18 +41,8 @@ Token hold(Store& store, const std::string& key) {
   return std::holds_alternative<Acquired>(r) ? std::get<Acquired>(r).lease.token : 0;
 }
 
-// The store's listener threads, by the name it gives them. Counting every thread of the
-// process would count the sanitizers' own (ThreadSanitizer starts one beside the first
-// thread the program creates).
-std::size_t listener_threads() {
-  std::size_t n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    if (std::getline(comm, name) && name == "idem-sqlitewake") ++n;
-  }
-  return n;
-}
+// The store's listener threads, by the name it gives them.
+std::size_t listener_threads() { return testing::threads_named("idem-sqlitewake"); }
 
 TEST(SqliteWake, AWaiterInAnotherProcessWakesWhenTheOwnerCompletes) {
   const std::string path = fresh_db_path("wake-complete");
