@@ -69,9 +69,15 @@ struct Server::Core : std::enable_shared_from_this<Server::Core> {
   std::optional<Purger> purger;
   tcp::acceptor acceptor;
   asio::signal_set signals;
-  asio::steady_timer drain_timer;
+  // The two timers are armed and cancelled from several I/O threads (the signal's, the last
+  // connection's, a timer's own handler), so only under timers_mu, and never again once
+  // finished: a timer re-armed by a handler that ran beside finish() would keep the I/O
+  // threads running, and the process alive, for ever.
+  std::mutex timers_mu;
+  bool finished = false;           // guarded by timers_mu
+  asio::steady_timer drain_timer;  // guarded by timers_mu
   // Pings systemd's watchdog (WatchdogSec=) from the I/O threads.
-  asio::steady_timer watchdog_timer;
+  asio::steady_timer watchdog_timer;  // guarded by timers_mu
 
   std::mutex live_mu;
   std::unordered_map<std::uint64_t, std::weak_ptr<Drainable>> live;  // guarded by live_mu

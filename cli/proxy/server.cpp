@@ -216,6 +216,8 @@ void Server::Core::accept() {
 }
 
 void Server::Core::watchdog(std::chrono::microseconds interval) {
+  std::lock_guard<std::mutex> lock(timers_mu);
+  if (finished) return;
   notify::watchdog();
   watchdog_timer.expires_after(interval);
   watchdog_timer.async_wait([this, interval](beast::error_code ec) {
@@ -242,6 +244,8 @@ void Server::Core::start_drain(const std::string& why) {
       return;
     }
   }
+  std::lock_guard<std::mutex> lock(timers_mu);
+  if (finished) return;  // the last connection ended meanwhile
   drain_timer.expires_after(options.drain_timeout);
   drain_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;  // finish() cancelled it: everything ended in time
@@ -255,6 +259,8 @@ void Server::Core::abort_all() {
               " request(s); keys whose request may have reached the upstream stay held until their "
               "leases run out");
   for (auto& d : now) d->abort();
+  std::lock_guard<std::mutex> lock(timers_mu);
+  if (finished) return;
   drain_timer.expires_after(kAbortGrace);
   drain_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
@@ -264,8 +270,12 @@ void Server::Core::abort_all() {
 }
 
 void Server::Core::finish() {
-  drain_timer.cancel();
-  watchdog_timer.cancel();
+  {
+    std::lock_guard<std::mutex> lock(timers_mu);
+    finished = true;
+    drain_timer.cancel();
+    watchdog_timer.cancel();
+  }
   if (upstream) upstream->close_idle();
   if (admin) admin->close();
   work.reset();
