@@ -91,14 +91,14 @@ class OwnerWatch final : public RecordWatch {
  public:
   OwnerWatch(std::shared_ptr<InFlight> owner, std::function<void()> changed)
       : owner_(std::move(owner)) {
-    bool finished = false;
-    {
-      std::lock_guard lock(owner_->mu);
-      finished = owner_->state != OwnerState::kRunning;
-      if (!finished) listed_ = owner_->wakers.insert(owner_->wakers.end(), std::move(changed));
+    std::unique_lock lock(owner_->mu);
+    if (owner_->state == OwnerState::kRunning) {
+      listed_ = owner_->wakers.insert(owner_->wakers.end(), std::move(changed));
+      return;
     }
     // It finished between the caller's last look and this watch: tell at once.
-    if (finished) changed();
+    lock.unlock();
+    changed();
   }
   ~OwnerWatch() override {
     {
