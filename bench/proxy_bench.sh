@@ -19,30 +19,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
-idem=$build/cli/idem
-upstream_bin=$build/tests/proxy/idem_test_upstream
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-32}
 delays=${DELAYS:-0 1}
-for f in "$idem" "$upstream_bin"; do
-  [[ -x $f ]] || { echo "missing $f: cmake --build $build --target idem_cli idem_test_upstream" >&2; exit 1; }
-done
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 
-work=$(mktemp -d /tmp/idem-proxy-bench.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$upstream_bin" --port-file "$work/upstream.port" &
-upstream_pid=$!
-pids+=($upstream_pid)
-for _ in $(seq 1 100); do [[ -s $work/upstream.port ]] && break; sleep 0.05; done
-up=$(cat "$work/upstream.port")
+bench=proxy-bench
+source bench/proxy_common.sh
 
 "$idem" proxy --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" \
   --store "sqlite://$work/proxy.db" --threads "${PROXY_THREADS:-2}" \

@@ -16,31 +16,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
-idem=$build/cli/idem
-upstream_bin=$build/tests/proxy/idem_test_upstream
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-4}
-for f in "$idem" "$upstream_bin"; do
-  [[ -x $f ]] || { echo "missing $f: cmake --build $build --target idem_cli idem_test_upstream" >&2; exit 1; }
-done
 for p in wrk valgrind callgrind_control; do
   command -v "$p" >/dev/null || { echo "$p is not installed" >&2; exit 1; }
 done
 
-work=$(mktemp -d /tmp/idem-proxy-breakdown.XXXXXX)
+bench=proxy-breakdown
+source bench/proxy_common.sh
 store=${2:-sqlite://$work/proxy.db}
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$upstream_bin" --port-file "$work/upstream.port" &
-pids+=($!)
-for _ in $(seq 1 100); do [[ -s $work/upstream.port ]] && break; sleep 0.05; done
-up=$(cat "$work/upstream.port")
 
 valgrind --tool=callgrind --dump-instr=no --callgrind-out-file="$work/cg.%p" \
   "$idem" proxy --listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" --store "$store" \

@@ -13,28 +13,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/release}
-idem=$build/cli/idem
-upstream_bin=$build/tests/proxy/idem_test_upstream
 samples=${SAMPLES:-50}
 hold=${HOLD_MS:-100}
-for f in "$idem" "$upstream_bin"; do
-  [[ -x $f ]] || { echo "missing $f: cmake --build $build --target idem_cli idem_test_upstream" >&2; exit 1; }
-done
 
-work=$(mktemp -d /tmp/idem-proxy-wake.XXXXXX)
+bench=proxy-wake
+source bench/proxy_common.sh
 store=${2:-sqlite://$work/proxy.db}
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$upstream_bin" --port-file "$work/upstream.port" &
-pids+=($!)
-for _ in $(seq 1 100); do [[ -s $work/upstream.port ]] && break; sleep 0.05; done
-up=$(cat "$work/upstream.port")
 
 # Starts a proxy on the store; sets `port` to the port it listens on.
 start_proxy() {
