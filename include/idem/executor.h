@@ -160,6 +160,7 @@ class Attempt {
   std::stop_token stop_token() const noexcept { return stop_; }
   // Whether the lease itself was lost: fenced by the store (stolen or deleted), or not
   // extended before its deadline. A cancellation requests stop_token() but is not a loss.
+  // A loss is marked before its stop is requested, so a stop callback sees lease_lost().
   bool lease_lost() const noexcept {
     return lost_ != nullptr ? lost_->load(std::memory_order_acquire) : stop_.stop_requested();
   }
