@@ -26,8 +26,8 @@
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <stdexcept>
+#include <stop_token>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -47,20 +47,15 @@ namespace idem::proxy {
 
 namespace {
 
-// How a duplicate that waits (--wait) polls: the executor answers an in-process owner from
-// memory, so a poll of a key held in this process costs no store round trip.
+// How a duplicate that waits (--wait) polls when nothing tells it the key changed
+// (Executor::begin_async: it is woken at once by an owner in this proxy, and by the store's
+// notification for one elsewhere).
 constexpr Duration kFirstPoll{10};
 constexpr Duration kMaxPoll{250};
 
 bool idempotent_method(http::verb v) {
   return v == http::verb::get || v == http::verb::head || v == http::verb::put ||
          v == http::verb::delete_ || v == http::verb::options || v == http::verb::trace;
-}
-
-Duration jittered(Duration d) {
-  thread_local std::minstd_rand rng{std::random_device{}()};
-  std::uniform_int_distribution<std::int64_t> dist(d.count() / 2, d.count());
-  return Duration{dist(rng)};
 }
 
 // What a store call on the pool produced, handed back to the session's strand.
@@ -75,12 +70,40 @@ struct BeginOutcome {
   SteadyClock::duration took{};
 };
 
+// Runs `ask` (begin, or the answer of a wait) and turns what it throws into the problem to
+// answer.
+template <typename F>
+void catch_begin(BeginOutcome& out, F&& ask) {
+  try {
+    ask();
+  } catch (const KeyReuse&) {
+    out = {std::nullopt,
+           422,
+           "key-reuse",
+           "this idempotency key was used before with a different request (method, target "
+           "or body); use a new key for a new request",
+           {}};
+  } catch (const StoreUnavailable& e) {
+    out = {std::nullopt, 503, "store-unavailable",
+           "the idempotency store cannot be reached; the request was not forwarded", e.what()};
+  } catch (const ShutDown&) {
+    out = {std::nullopt,
+           503,
+           "shutting-down",
+           "the proxy is shutting down and could not finish this request in time",
+           {}};
+  } catch (const std::exception& e) {
+    out = {std::nullopt, 500, "internal-error",
+           "the proxy failed to handle this request; it was not forwarded", e.what()};
+  }
+}
+
 }  // namespace
 
 class Session : public Drainable, public std::enable_shared_from_this<Session> {
  public:
   Session(std::shared_ptr<Core> core, tcp::socket socket)
-      : core_(std::move(core)), stream_(std::move(socket)), wait_timer_(stream_.get_executor()) {
+      : core_(std::move(core)), stream_(std::move(socket)) {
     beast::error_code ec;
     tcp::endpoint peer = stream_.socket().remote_endpoint(ec);
     if (!ec) {
@@ -115,7 +138,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
       self->aborted_ = true;
       if (self->idle_) return self->close();
       if (self->exchange_) self->exchange_->cancel();
-      self->wait_timer_.cancel();
+      self->stop_waiting_.request_stop();
       if (self->writing_) self->close();
     });
   }
@@ -343,10 +366,7 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   void handle_keyed() {
     scope_ = scope_of(head_, core_->options, *policy_);
     fingerprint_ = fingerprint_of(head_, body_, core_->options);
-    wait_deadline_.reset();
-    poll_ = kFirstPoll;
-    watch_.reset();
-    woken_ = false;
+    waited_ = false;
     begin();
   }
 
@@ -357,28 +377,36 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
     asio::post(stream_.get_executor(), std::forward<F>(f));
   }
 
+  // --wait: a busy key is waited for by the executor (begin_async), which answers on its
+  // own thread once the owner finishes or the wait runs out; abort() cancels the wait.
   void begin() {
-    core_->on_store([self = shared_from_this()] {
+    CallOptions call{.ttl = policy_->ttl, .fingerprint = fingerprint_};
+    if (core_->options.wait > Duration::zero()) {
+      call.wait = WaitPolicy{
+          .max_wait = core_->options.wait, .initial_backoff = kFirstPoll, .max_backoff = kMaxPoll};
+      call.stop_token = stop_waiting_.get_token();
+    }
+    core_->on_store([self = shared_from_this(), call = std::move(call)] {
       BeginOutcome out;
       const auto start = SteadyClock::now();
-      try {
-        out.result.emplace(self->core_->executor.begin(
-            self->scope_, self->key_,
-            CallOptions{.ttl = self->policy_->ttl, .fingerprint = self->fingerprint_}));
-      } catch (const KeyReuse&) {
-        out = {std::nullopt,
-               422,
-               "key-reuse",
-               "this idempotency key was used before with a different request (method, target "
-               "or body); use a new key for a new request",
-               {}};
-      } catch (const StoreUnavailable& e) {
-        out = {std::nullopt, 503, "store-unavailable",
-               "the idempotency store cannot be reached; the request was not forwarded", e.what()};
-      } catch (const std::exception& e) {
-        out = {std::nullopt, 500, "internal-error",
-               "the proxy failed to handle this request; it was not forwarded", e.what()};
-      }
+      bool waiting = false;
+      catch_begin(out, [&] {
+        std::optional<BeginResult<>> now = self->core_->executor.begin_async(
+            self->scope_, self->key_, call, [self](BeginAnswer answer) {
+              BeginOutcome later;
+              catch_begin(later, [&] { later.result.emplace(std::move(answer).get()); });
+              asio::post(self->stream_.get_executor(), [self, later = std::move(later)]() mutable {
+                self->waited_ = true;
+                self->on_begun(std::move(later));
+              });
+            });
+        if (now) {
+          out.result.emplace(std::move(*now));
+        } else {
+          waiting = true;
+        }
+      });
+      if (waiting) return;
       out.took = SteadyClock::now() - start;
       self->back([self, out = std::move(out)]() mutable { self->on_begun(std::move(out)); });
     });
@@ -386,8 +414,6 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
 
   void on_begun(BeginOutcome out) {
     store_time_ += out.took;
-    // Waiting is over unless the key is still busy.
-    if (!out.result || !out.result->busy()) watch_.reset();
     if (!out.result) {
       outcome_ = out.code;
       if (!out.detail.empty()) log_detail(out.detail);
@@ -410,27 +436,6 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
       });
     }
     forward_keyed();
-  }
-
-  // Watches the busy key: its callback, on whichever thread finishes the owner, wakes this
-  // connection's wait on its strand (or marks it woken, if a store call is under way).
-  // False when nothing can tell (the store cannot notify and the owner is elsewhere) or
-  // the store could not start listening: polling alone then.
-  bool start_watching() {
-    try {
-      watch_ = core_->executor.watch(scope_, key_,
-                                     [weak = weak_from_this(), strand = stream_.get_executor()] {
-                                       asio::post(strand, [weak] {
-                                         if (const std::shared_ptr<Session> self = weak.lock()) {
-                                           self->woken_ = true;
-                                           self->wait_timer_.cancel();
-                                         }
-                                       });
-                                     });
-    } catch (const std::exception& e) {
-      log_detail(std::string("waiting without a notification: ") + e.what());
-    }
-    return watch_ != nullptr;
   }
 
   void on_replay(const std::string& bytes) {
@@ -466,30 +471,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   }
 
   void on_busy(const Busy& busy) {
-    const auto now = SteadyClock::now();
-    if (!wait_deadline_) wait_deadline_ = now + core_->options.wait;
-    if (now < *wait_deadline_ && !aborted_) {
-      // --wait: told when the key's owner finishes (Executor::watch: in memory for an owner
-      // in this proxy, the store's notification for one elsewhere), and asked at once; the
-      // polling stays, since a notification can be lost and an expiring lease sends none.
-      if (!watch_ && start_watching()) return begin();  // it may have finished meanwhile
-      if (woken_) {
-        woken_ = false;
-        return begin();
-      }
-      // Poll again, never past the owner's lease deadline nor the waiting bound.
-      auto pause = std::min({SteadyClock::duration(jittered(poll_)),
-                             SteadyClock::duration(busy.lease_remaining), *wait_deadline_ - now});
-      poll_ = std::min(poll_ * 2, kMaxPoll);
-      wait_timer_.expires_after(pause);
-      return wait_timer_.async_wait([self = shared_from_this()](beast::error_code) {
-        if (self->aborted_) {
-          self->outcome_ = "cancelled";
-          return self->answer(self->shutting_down());
-        }
-        self->woken_ = false;
-        self->begin();
-      });
+    if (waited_ && aborted_) {
+      // The drain ran out of time while this duplicate waited.
+      outcome_ = "cancelled";
+      return answer(shutting_down());
     }
     outcome_ = "in-progress";
     Response res = refusal(409, "in-progress",
@@ -805,7 +790,6 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   Response res_;
   StreamedResponse out_;
   std::optional<http::response_serializer<http::buffer_body>> writer_;
-  asio::steady_timer wait_timer_;
   ClientInfo client_;
 
   // The request in flight.
@@ -818,11 +802,10 @@ class Session : public Drainable, public std::enable_shared_from_this<Session> {
   AttemptHandle<> handle_;
   std::shared_ptr<Exchange> exchange_;
   SteadyClock::time_point forwarded_at_{};
-  std::optional<SteadyClock::time_point> wait_deadline_;
-  Duration poll_ = kFirstPoll;
-  // While a duplicate waits: the watch on its key, and whether it said the key changed.
-  std::unique_ptr<RecordWatch> watch_;
-  bool woken_ = false;
+  // Whether the answer came after a wait (--wait), which abort() cancels through
+  // stop_waiting_.
+  bool waited_ = false;
+  std::stop_source stop_waiting_;
   std::string outcome_;
   bool header_sent_ = false;
   bool warned_cookie_checked_ = false;

@@ -533,7 +533,25 @@ class BeginResult {
   std::variant<Result<T>, Busy, AttemptHandle<T>> v_;
 };
 
-// Thread safety: run, run_bytes, begin, watch, store, options, active_leases and
+// What Executor::begin_async hands its callback when a wait ends: begin()'s answer, or
+// the exception begin() would have thrown.
+class BeginAnswer {
+ public:
+  explicit BeginAnswer(BeginResult<std::string> answer) : v_(std::move(answer)) {}
+  explicit BeginAnswer(std::exception_ptr error) : v_(std::move(error)) {}
+  // Whether begin() would have thrown.
+  bool failed() const noexcept { return v_.index() == 1; }
+  // begin()'s answer (once); rethrows the exception begin() would have thrown.
+  BeginResult<std::string> get() && {
+    if (failed()) std::rethrow_exception(std::get<1>(v_));
+    return std::move(std::get<0>(v_));
+  }
+
+ private:
+  std::variant<BeginResult<std::string>, std::exception_ptr> v_;
+};
+
+// Thread safety: run, run_bytes, begin, begin_async, watch, store, options, active_leases and
 // waiting_duplicates may be called from any number of threads at once. shutdown may be
 // called from any thread, also concurrently with calls (which it then refuses or ends). The
 // destructor and move assignment shut the executor down; they must not race with another
@@ -750,6 +768,26 @@ class Executor {
   void shutdown(std::optional<Duration> timeout = std::nullopt);
   bool is_shut_down() const noexcept;
 
+  using BeginCallback = std::function<void(BeginAnswer)>;
+
+  // begin() for a caller that must not block while a duplicate waits (an event loop, a
+  // binding to another language). The first ask is begin()'s, on the calling thread, with
+  // no wait: when it settles the call (a replay, an AttemptHandle, a busy key with no
+  // waiting policy or a cancelled call, or an exception, thrown), that is returned and
+  // `done` is never called. Otherwise, under the call's waiting policy (CallOptions::wait,
+  // else ExecutorOptions::wait), it returns nullopt at once and the wait goes on without a
+  // thread of the caller's: the key is watched (as watch() does: in memory for a call of
+  // this executor, and the store's notification) and asked again when it may have changed
+  // and, as the fallback, at the policy's backoff (SPEC §7: never past the owner's lease
+  // deadline). `done` is then called exactly once, on the executor's waiting thread, with
+  // begin()'s answer: a replay, a handle, or busy when the bound ran out or
+  // CallOptions::stop_token was requested (at once); or with ShutDown when the executor
+  // shuts down first. `done` must be quick (it delays the other waiters) and must not
+  // shut down or destroy the executor. Throws as begin() does, and InvalidArgument for an
+  // empty callback.
+  std::optional<BeginResult<std::string>> begin_async(std::string_view scope, std::string_view key,
+                                                      const CallOptions& call, BeginCallback done);
+
   // For a caller that waits for a busy key without blocking (an event loop; begin() with no
   // waiting policy): calls `changed` when the key's record may have completed or been
   // released, whether by a call of this executor that holds the key (SPEC §7: in memory, at
@@ -773,6 +811,8 @@ class Executor {
   // How many duplicates are waiting in memory on a call of this executor that holds their
   // key (for tests and metrics).
   std::size_t waiting_duplicates() const;
+  // How many begin_async calls are waiting (for tests and metrics).
+  std::size_t waiting_async() const;
 
  private:
   BeginResult<std::string> begin_bytes(std::string_view scope, std::string_view key,

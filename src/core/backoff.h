@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <initializer_list>
 
 #include "idem/types.h"
 
@@ -27,5 +28,15 @@ class Backoff {
   Duration pause_;
   Duration cap_;
 };
+
+// SPEC §7: how long a waiter sleeps before it asks the store again: this step's jittered
+// pause, never past the owner's lease deadline (the store's own count of the time left)
+// nor past the waiting bound. Every waiter of the executor sleeps by this rule.
+inline std::chrono::steady_clock::duration poll_pause(
+    const Backoff& backoff, Duration lease_remaining,
+    std::chrono::steady_clock::duration to_bound) {
+  return std::min(
+      {backoff.jittered(), std::chrono::steady_clock::duration(lease_remaining), to_bound});
+}
 
 }  // namespace idem::detail

@@ -17,6 +17,7 @@
 #include "core/call_counter.h"
 #include "core/heartbeat.h"
 #include "core/owner_table.h"
+#include "core/wait_queue.h"
 
 namespace idem {
 namespace {
@@ -31,6 +32,7 @@ using detail::InFlight;
 using detail::OwnerState;
 using detail::RequestStop;
 using detail::SteadyClock;
+using detail::WaitQueue;
 
 // A complete() call that failed with a store error, and did not land, is retried after
 // this pause, doubling up to the cap, while the local view of the lease is still valid
@@ -46,6 +48,8 @@ struct Call {
   WaitPolicy wait;
   const std::optional<std::string>& fingerprint;
   const std::stop_token& stop;
+  // Whether a busy answer is an event (kInProgress); not for begin_async's own asks.
+  bool report_busy = true;
 };
 
 Duration resolve_interval(Duration heartbeat, Duration lease) {
@@ -187,11 +191,53 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     return both;
   }
 
+  // Executor::begin_async: the first ask on the caller's thread, the wait on the queue's.
+  std::optional<BytesBegin> begin_async(std::string_view scope, std::string_view key,
+                                        const CallOptions& call_options,
+                                        Executor::BeginCallback done) {
+    if (!done) throw InvalidArgument("begin_async callback", "must not be empty");
+    const auto started = SteadyClock::now();
+    const Call call = resolve(call_options);
+    CallOptions once = call_options;
+    once.wait = WaitPolicy{};  // every ask is one ask; the queue does the waiting
+    BytesBegin first = begin(scope, key, once, /*keep_alive=*/true, /*report_busy=*/false);
+    const Busy* busy = first.busy();
+    if (busy == nullptr) return first;
+    if (call.wait.max_wait == Duration::zero() || call.stop.stop_requested()) {
+      if (events_) emit(EventKind::kInProgress, RecordRef{scope, key}, 0, 0, started);
+      return first;
+    }
+    auto w = std::make_shared<AsyncWait>(scope, key, std::move(once), call.wait, *busy,
+                                         std::move(done), started);
+    std::shared_ptr<WaitQueue::Waiter> waiter = WaitQueue::make(
+        [this, w] { return ask_again(*w); },
+        [this, w](bool shutting_down) {
+          if (shutting_down)
+            return settle(*w, BeginAnswer(std::make_exception_ptr(shut_down_error())));
+          if (events_) emit(EventKind::kInProgress, w->record(), 0, 0, w->started);
+          settle(*w, BeginAnswer(BytesBegin(Busy(w->last))));
+        });
+    w->ticket = waiter;
+    // A stop requested from here on cancels the wait at once (one requested before the
+    // waiter starts cancels its first turn).
+    w->on_stop.emplace(w->once.stop_token,
+                       std::function<void()>([this, t = w->ticket] { waits_.cancel(t); }));
+    // Its first turn starts the watch and asks once more, since the key may have been freed
+    // before the watch began.
+    if (!waits_.start(std::move(waiter), SteadyClock::now())) {
+      w->on_stop.reset();
+      throw shut_down_error();
+    }
+    return std::nullopt;
+  }
+
+  std::size_t waiting_async() const { return waits_.size(); }
+
   // Acquires, replays or waits as SPEC §5 and §7 say; an acquired lease comes back as a
   // handle. `keep_alive`: the handle keeps the executor alive (Executor::begin); otherwise
   // it is run()'s and stays counted as a call until it ends.
   BytesBegin begin(std::string_view scope, std::string_view key, const CallOptions& call_options,
-                   bool keep_alive) {
+                   bool keep_alive, bool report_busy = true) {
     // SPEC §10: every input is checked before anything reaches the store.
     validate_scope(scope);
     validate_key(key);
@@ -202,7 +248,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     Uncount uncount{slot};
     if (closing_.load(std::memory_order_relaxed)) throw shut_down_error();
     const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
-    const Call call = resolve(call_options);
+    Call call = resolve(call_options);
+    call.report_busy = report_busy;
     // The waiting bound counts from the first time the key is found busy, so a call that
     // never waits never reads the clock for it.
     std::optional<SteadyClock::time_point> wait_deadline;
@@ -280,7 +327,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       const auto until = bound();
       const auto now = SteadyClock::now();
       if (now >= until || call.stop.stop_requested()) {
-        if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+        if (events_ && call.report_busy) emit(EventKind::kInProgress, record, 0, 0, started);
         return BytesBegin(std::move(busy));
       }
       if (poller) {
@@ -298,11 +345,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         // Ask once more now that the watch is on: the owner may have finished before it was.
         if (watch) continue;
       }
-      // SPEC §7: never sleep past the owner's lease deadline (the store's own count of the
-      // time left) nor past the waiting bound. A cancellation, a shutdown or the store's
-      // notification ends the sleep.
-      const auto pause =
-          std::min({backoff.jittered(), SteadyClock::duration(busy.lease_remaining), until - now});
+      // A cancellation, a shutdown or the store's notification ends the sleep.
+      const auto pause = detail::poll_pause(backoff, busy.lease_remaining, until - now);
       {
         std::unique_lock lock(sleep_mu_);
         sleep_cv_.wait_for(lock, call.stop, pause, [&] { return closing() || woken; });
@@ -310,6 +354,84 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       }
       if (closing()) throw shut_down_error();
       backoff.advance();
+    }
+  }
+
+  // A begin_async that waits. Touched only in its turns on the wait queue's thread (and by
+  // its Stop, which runs there or after that thread has ended), once begin_async has
+  // started it.
+  struct AsyncWait {
+    AsyncWait(std::string_view s, std::string_view k, CallOptions o, const WaitPolicy& policy,
+              const Busy& busy, Executor::BeginCallback d, SteadyClock::time_point since)
+        : scope(s),
+          key(k),
+          once(std::move(o)),
+          backoff(policy.initial_backoff, policy.max_backoff),
+          bound(since + policy.max_wait),
+          started(since),
+          last(busy),
+          done(std::move(d)) {}
+    RecordRef record() const { return RecordRef{scope, key}; }
+
+    std::string scope;
+    std::string key;
+    CallOptions once;  // the call, with no waiting policy: each turn asks once
+    Backoff backoff;
+    SteadyClock::time_point bound;
+    SteadyClock::time_point started;
+    Busy last;  // the latest busy answer, given when the wait is cancelled
+    Executor::BeginCallback done;
+    WaitQueue::Ticket ticket;
+    bool watched = false;
+    std::unique_ptr<RecordWatch> watch;
+    std::optional<std::stop_callback<std::function<void()>>> on_stop;
+  };
+
+  // A waiter's turn: starts its watch on the first, then asks once. The next turn's time,
+  // or nullopt once it has answered.
+  std::optional<SteadyClock::time_point> ask_again(AsyncWait& w) {
+    if (!w.watched) {
+      w.watched = true;
+      try {
+        w.watch = watch(w.scope, w.key, [this, t = w.ticket] { waits_.wake(t); });
+      } catch (const std::exception&) {
+        // Nothing can tell: the backoff alone, which is always correct.
+      }
+    }
+    std::optional<BytesBegin> begun;
+    try {
+      begun.emplace(begin(w.scope, w.key, w.once, /*keep_alive=*/true, /*report_busy=*/false));
+    } catch (...) {
+      settle(w, BeginAnswer(std::current_exception()));
+      return std::nullopt;
+    }
+    if (const Busy* busy = begun->busy()) {
+      w.last = *busy;
+      const auto now = SteadyClock::now();
+      if (now >= w.bound || w.once.stop_token.stop_requested()) {
+        if (events_) emit(EventKind::kInProgress, w.record(), 0, 0, w.started);
+        settle(w, BeginAnswer(std::move(*begun)));
+        return std::nullopt;
+      }
+      const auto next = now + detail::poll_pause(w.backoff, busy->lease_remaining, w.bound - now);
+      w.backoff.advance();
+      return next;
+    }
+    settle(w, BeginAnswer(std::move(*begun)));
+    return std::nullopt;
+  }
+
+  // Answers a waiter. First it lets go of its watch and its stop callback (each waits for
+  // a call of its own that is under way), so that nothing the waiter still holds calls in.
+  static void settle(AsyncWait& w, BeginAnswer answer) noexcept {
+    w.watch.reset();
+    w.on_stop.reset();
+    Executor::BeginCallback done = std::move(w.done);
+    w.done = nullptr;
+    try {
+      done(std::move(answer));
+    } catch (...) {
+      // The callback must not throw; the other waiters go on regardless.
     }
   }
 
@@ -579,6 +701,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     closing_.store(true, std::memory_order_seq_cst);
     calls_.synchronize();
     wake_waiters();
+    // begin_async's waiters: a turn under way ends (its ask sees the shutdown), the rest are
+    // answered ShutDown.
+    waits_.shutdown();
     // Calls in flight and open handles get `timeout` to end on their own.
     const auto give_up = SteadyClock::now() + timeout;
     while (listed() + counted() > 0 && SteadyClock::now() < give_up) {
@@ -707,7 +832,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
       case Followed::kWaitOver:
         break;
     }
-    if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+    if (events_ && call.report_busy) emit(EventKind::kInProgress, record, 0, 0, started);
     return BytesBegin(busy_of(owner, SteadyClock::now()));
   }
 
@@ -896,6 +1021,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   std::condition_variable_any sleep_cv_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
+  // begin_async's waiters. Last, so that its thread ends first.
+  WaitQueue waits_;
 };
 
 // --- AttemptCore ------------------------------------------------------------------------
@@ -1144,5 +1271,15 @@ std::unique_ptr<RecordWatch> Executor::watch(std::string_view scope, std::string
 std::size_t Executor::active_leases() const { return impl_ ? impl_->active_leases() : 0; }
 
 std::size_t Executor::waiting_duplicates() const { return impl_ ? impl_->waiting_duplicates() : 0; }
+
+std::size_t Executor::waiting_async() const { return impl_ ? impl_->waiting_async() : 0; }
+
+std::optional<BeginResult<std::string>> Executor::begin_async(std::string_view scope,
+                                                              std::string_view key,
+                                                              const CallOptions& call,
+                                                              BeginCallback done) {
+  if (!impl_) throw ShutDown("the executor was moved from");
+  return impl_->begin_async(scope, key, call, std::move(done));
+}
 
 }  // namespace idem

@@ -181,6 +181,206 @@ TEST_F(ExecutorTest, NothingToWatchWithoutAnInProcessOwnerOrAStoreThatNotifies) 
   EXPECT_THAT([&] { (void)exec.watch("", "k", [] {}); }, ThrowsIdem(ErrorCode::kInvalidArgument));
 }
 
+// --- waiting without blocking (Executor::begin_async) -----------------------------------
+
+// What begin_async's callbacks received, in order.
+struct Answers {
+  std::mutex mu;
+  std::vector<idem::BeginAnswer> got;  // guarded by mu
+
+  idem::Executor::BeginCallback callback() {
+    return [this](idem::BeginAnswer a) {
+      std::lock_guard lock(mu);
+      got.push_back(std::move(a));
+    };
+  }
+  std::size_t size() {
+    std::lock_guard lock(mu);
+    return got.size();
+  }
+  // Waits for the n-th answer and takes it.
+  idem::BeginResult<> take(std::size_t n = 0) {
+    EXPECT_TRUE(eventually([&] { return size() > n; }));
+    std::lock_guard lock(mu);
+    if (got.size() <= n) throw std::runtime_error("no answer came");
+    return std::move(got[n]).get();
+  }
+};
+
+// A wait that only a wake can end in time: the first poll after the watch began comes
+// half an hour later at the earliest.
+const WaitPolicy kWaitForAWake{.max_wait = 1h, .initial_backoff = 1h, .max_backoff = 1h};
+
+TEST_F(ExecutorTest, BeginAsyncAnswersAtOnceWhenItNeedNotWait) {
+  Executor exec(store_);
+  Answers answers;
+  std::optional<idem::BeginResult<>> free =
+      exec.begin_async("s", "k", CallOptions{.wait = kWaitForAWake}, answers.callback());
+  ASSERT_TRUE(free.has_value());
+  ASSERT_NE(free->handle(), nullptr);
+  // Busy, with no waiting policy: busy at once.
+  std::optional<idem::BeginResult<>> busy = exec.begin_async("s", "k", {}, answers.callback());
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_NE(busy->busy(), nullptr);
+  (void)free->handle()->complete("v");
+  std::optional<idem::BeginResult<>> replay =
+      exec.begin_async("s", "k", CallOptions{.wait = kWaitForAWake}, answers.callback());
+  ASSERT_TRUE(replay.has_value());
+  ASSERT_NE(replay->replay(), nullptr);
+  EXPECT_EQ(replay->replay()->value, "v");
+  EXPECT_EQ(answers.size(), 0u);
+  EXPECT_EQ(exec.waiting_async(), 0u);
+  EXPECT_THAT([&] { (void)exec.begin_async("s", "k", {}, nullptr); },
+              ThrowsIdem(ErrorCode::kInvalidArgument));
+  EXPECT_THAT([&] { (void)exec.begin_async("", "k", {}, answers.callback()); },
+              ThrowsIdem(ErrorCode::kInvalidArgument));
+}
+
+// SPEC §7: the duplicate of a call of this executor is answered as soon as that call
+// completes (a replay) or releases (the key, acquired), not at its next poll.
+TEST_F(ExecutorTest, BeginAsyncIsAnsweredWhenTheInProcessOwnerFinishes) {
+  Executor exec(store_);
+  for (const bool completes : {true, false}) {
+    const std::string key = completes ? "completes" : "releases";
+    SCOPED_TRACE(key);
+    idem::BeginResult<> owner = exec.begin("s", key);
+    ASSERT_NE(owner.handle(), nullptr);
+    Answers answers;
+    EXPECT_FALSE(exec.begin_async("s", key, CallOptions{.wait = kWaitForAWake}, answers.callback())
+                     .has_value());
+    EXPECT_EQ(exec.waiting_async(), 1u);
+    if (completes) {
+      (void)owner.handle()->complete("v");
+    } else {
+      owner.handle()->release();
+    }
+    idem::BeginResult<> got = answers.take();
+    if (completes) {
+      ASSERT_NE(got.replay(), nullptr);
+      EXPECT_EQ(got.replay()->value, "v");
+    } else {
+      ASSERT_NE(got.handle(), nullptr);
+      EXPECT_EQ(got.handle()->key(), key);
+      (void)got.handle()->complete("mine");
+    }
+    EXPECT_TRUE(eventually([&] { return exec.waiting_async() == 0; }));
+    EXPECT_EQ(answers.size(), 1u);
+  }
+}
+
+// An owner this executor cannot see (another process; the memory store sends no
+// notification) is found finished by the policy's polling.
+TEST_F(ExecutorTest, BeginAsyncPollsForAnOwnerItCannotSee) {
+  Executor exec(store_);
+  Executor other(store_);
+  idem::BeginResult<> owner = other.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  Answers answers;
+  const WaitPolicy poll{.max_wait = 1h, .initial_backoff = 1ms, .max_backoff = 2ms};
+  EXPECT_FALSE(exec.begin_async("s", "k", CallOptions{.wait = poll}, answers.callback()));
+  ASSERT_TRUE(store_->wait_for_calls(idem::testing::Op::kAcquire, 4));
+  EXPECT_EQ(answers.size(), 0u);
+  (void)owner.handle()->complete("v");
+  idem::BeginResult<> got = answers.take();
+  ASSERT_NE(got.replay(), nullptr);
+  EXPECT_EQ(got.replay()->value, "v");
+}
+
+TEST_F(ExecutorTest, BeginAsyncAnswersBusyWhenItsBoundRunsOut) {
+  std::mutex mu;
+  std::vector<idem::EventKind> events;
+  Executor exec(store_, ExecutorOptions{.on_event = [&](const idem::Event& e) {
+                  std::lock_guard lock(mu);
+                  events.push_back(e.kind);
+                }});
+  idem::BeginResult<> owner = exec.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  Answers answers;
+  const WaitPolicy briefly{.max_wait = 30ms, .initial_backoff = 1ms, .max_backoff = 5ms};
+  EXPECT_FALSE(exec.begin_async("s", "k", CallOptions{.wait = briefly}, answers.callback()));
+  idem::BeginResult<> got = answers.take();
+  ASSERT_NE(got.busy(), nullptr);
+  EXPECT_GT(got.busy()->lease_remaining, Duration::zero());
+  std::lock_guard lock(mu);
+  // One kInProgress for the call, however many times it asked.
+  EXPECT_EQ(std::count(events.begin(), events.end(), idem::EventKind::kInProgress), 1);
+}
+
+TEST_F(ExecutorTest, BeginAsyncIsCancelledByItsStopToken) {
+  Executor exec(store_);
+  idem::BeginResult<> owner = exec.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  Answers answers;
+  std::stop_source stop;
+  EXPECT_FALSE(exec.begin_async("s", "k",
+                                CallOptions{.wait = kWaitForAWake, .stop_token = stop.get_token()},
+                                answers.callback()));
+  stop.request_stop();
+  idem::BeginResult<> got = answers.take();
+  EXPECT_NE(got.busy(), nullptr);
+  // Already cancelled: busy at once, nothing left waiting.
+  std::optional<idem::BeginResult<>> at_once =
+      exec.begin_async("s", "k", CallOptions{.wait = kWaitForAWake, .stop_token = stop.get_token()},
+                       answers.callback());
+  ASSERT_TRUE(at_once.has_value());
+  EXPECT_NE(at_once->busy(), nullptr);
+  EXPECT_TRUE(eventually([&] { return exec.waiting_async() == 0; }));
+  EXPECT_EQ(answers.size(), 1u);
+}
+
+TEST_F(ExecutorTest, BeginAsyncWaitersAreAnsweredShutDownWhenTheExecutorShutsDown) {
+  Executor exec(store_, ExecutorOptions{.shutdown_timeout = 0ms});
+  idem::BeginResult<> owner = exec.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  Answers answers;
+  EXPECT_FALSE(exec.begin_async("s", "k", CallOptions{.wait = kWaitForAWake}, answers.callback()));
+  exec.shutdown();
+  ASSERT_EQ(answers.size(), 1u);  // answered before shutdown returned
+  EXPECT_THAT([&] { (void)answers.take(); }, ThrowsIdem(ErrorCode::kShutDown));
+  EXPECT_THAT([&] { (void)exec.begin_async("s", "k", {}, answers.callback()); },
+              ThrowsIdem(ErrorCode::kShutDown));
+}
+
+// Many event-loop duplicates of one key, some cancelled while the owner completes: each is
+// answered exactly once, with the owner's result unless its cancellation came first. Run
+// under ThreadSanitizer by scripts/test.sh.
+TEST_F(ExecutorTest, ManyAsyncWaitersOnOneKeyAreEachAnsweredOnce) {
+  constexpr int kWaiters = 200;
+  Executor exec(store_);
+  idem::BeginResult<> owner = exec.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  std::mutex mu;
+  std::vector<int> calls(kWaiters, 0);         // guarded by mu
+  std::vector<std::string> outcome(kWaiters);  // guarded by mu
+  std::vector<std::stop_source> stops(kWaiters);
+  for (int i = 0; i < kWaiters; ++i) {
+    const auto done = [&, i](idem::BeginAnswer a) {
+      idem::BeginResult<> r = std::move(a).get();
+      std::lock_guard lock(mu);
+      ++calls[i];
+      outcome[i] = r.replay() != nullptr ? r.replay()->value : r.busy() != nullptr ? "busy" : "?";
+    };
+    EXPECT_FALSE(exec.begin_async(
+        "s", "k", CallOptions{.wait = kWaitForAWake, .stop_token = stops[i].get_token()}, done));
+  }
+  std::thread canceller([&] {
+    for (int i = 0; i < kWaiters; i += 3) stops[i].request_stop();
+  });
+  (void)owner.handle()->complete("v");
+  canceller.join();
+  EXPECT_TRUE(eventually([&] { return exec.waiting_async() == 0; }));
+  std::lock_guard lock(mu);
+  for (int i = 0; i < kWaiters; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(calls[i], 1);
+    if (i % 3 == 0) {
+      EXPECT_THAT(outcome[i], ::testing::AnyOf("busy", "v"));
+    } else {
+      EXPECT_EQ(outcome[i], "v");
+    }
+  }
+}
+
 // --- waiting on another process ---------------------------------------------------------
 
 // Two executors on one store stand for two processes: neither sees the other in memory.
