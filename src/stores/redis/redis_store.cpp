@@ -189,7 +189,9 @@ bool split_node(const std::string& node, std::string& host, int& port) {
   return ec == std::errc{} && end == node.data() + node.size() && port > 0;
 }
 
-constexpr int kMaxRedirections = 16;
+// Redirections a call follows at once; after these it pauses between rounds (see
+// run_cluster), until the call's timeout.
+constexpr int kRedirectionsAtOnce = 4;
 constexpr Duration kMinRefreshInterval{100};
 
 }  // namespace
@@ -479,10 +481,6 @@ struct RedisStore::Impl {
     const auto deadline = redis::SteadyClock::now() + call_timeout;
     std::vector<std::pair<redis::Pool*, std::vector<std::size_t>>> groups;  // by node
     for (int round = 0; !pending.empty(); ++round) {
-      if (redirected > kMaxRedirections) {
-        fail("still redirected after " + std::to_string(kMaxRedirections) +
-             " tries (the cluster's slots keep moving): " + last_redirect);
-      }
       groups.clear();
       for (const std::size_t i : pending) {
         redis::Pool* node = ask[i] != nullptr ? ask[i] : &owner_pool(slots[i]);
@@ -554,13 +552,20 @@ struct RedisStore::Impl {
       }
       pending = std::move(next);
       if (redirect) ++redirected;
-      if (pause && !pending.empty()) {
-        // TRYAGAIN: the acquire script's two keys (the record and its slot's token key) are
-        // split between the two nodes of a slot being migrated. Again until the migration
-        // of the slot ends, within the call's timeout.
+      // TRYAGAIN: the acquire script's two keys (the record and its slot's token key) are
+      // split between the two nodes of a slot being migrated. MOVED back and forth: the
+      // migration is ending, and one of its nodes already names the other as the slot's
+      // owner while the other does not know yet (the tool that migrates tells them one
+      // after the other; the rest of the cluster learns by gossip). Either way, again
+      // after a pause, until the migration ends, within the call's timeout.
+      if ((pause || (redirect && redirected > kRedirectionsAtOnce)) && !pending.empty()) {
         if (redis::SteadyClock::now() >= deadline) {
-          fail("the hash slot stayed in migration for longer than the call's timeout (" +
-               std::to_string(call_timeout.count()) + " ms): " + last_redirect);
+          fail(pause ? "the hash slot stayed in migration for longer than the call's timeout (" +
+                           std::to_string(call_timeout.count()) + " ms): " + last_redirect
+                     : "still redirected after " + std::to_string(redirected) +
+                           " tries within the call's timeout (" +
+                           std::to_string(call_timeout.count()) +
+                           " ms; the cluster's slots keep moving): " + last_redirect);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 * (round + 1), 50)));
       }
