@@ -43,6 +43,13 @@ struct WaitPolicy {
   // Never sleeps past the owner's lease deadline.
   Duration initial_backoff{10};
   Duration max_backoff{1000};
+  // Once the store's notification watches the key (SPEC §7: PostgreSQL with notify=on,
+  // Redis, SQLite), a poll is only the fallback for a notification lost on the way (a
+  // store that loses its listening connection wakes every waiter when it is back): the
+  // pause is then this long (with jitter; max_backoff if that is longer), still never past
+  // the owner's lease deadline, whose expiry sends no notification. A waiter that is woken
+  // asks at once, whatever its pause.
+  Duration watched_backoff{5000};
 };
 
 // What happened, for ExecutorOptions::on_event (metrics, logs, traces).

@@ -24,6 +24,13 @@ class Backoff {
   // On to the next step: the pause doubles, up to the cap.
   void advance() noexcept { pause_ = std::min(pause_ * 2, cap_); }
 
+  // Something now says when the key changes: every pause from here on is the watched one
+  // (or the cap, if that is longer).
+  void watched(Duration pause) noexcept {
+    cap_ = std::max(cap_, pause);
+    pause_ = cap_;
+  }
+
  private:
   Duration pause_;
   Duration cap_;

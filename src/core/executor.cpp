@@ -74,6 +74,7 @@ void validate_wait(const WaitPolicy& wait) {
   }
   validate_duration("initial_backoff", wait.initial_backoff);
   validate_duration("max_backoff", wait.max_backoff);
+  validate_duration("watched_backoff", wait.watched_backoff);
   if (wait.max_backoff < wait.initial_backoff) {
     throw InvalidArgument("max_backoff", "must be at least initial_backoff (" +
                                              std::to_string(wait.initial_backoff.count()) +
@@ -163,9 +164,10 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   bool closing() const noexcept { return closing_.load(std::memory_order_acquire); }
 
   // Executor::watch: the call of this executor that holds the key (or polls it), and the
-  // store's notification.
+  // store's notification. `by_store`: set when the store's notification is part of it.
   std::unique_ptr<RecordWatch> watch(std::string_view scope, std::string_view key,
-                                     std::function<void()> changed) const {
+                                     std::function<void()> changed,
+                                     bool* by_store = nullptr) const {
     validate_scope(scope);
     validate_key(key);
     if (!changed) throw InvalidArgument("watch callback", "must not be empty");
@@ -180,6 +182,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     } catch (const std::exception&) {
       // A store that could not start to listen: the caller polls, which is always correct.
     }
+    if (by_store != nullptr) *by_store = in_store != nullptr;
     if (!in_memory) return in_store;
     if (!in_store) return in_memory;
     struct Both final : RecordWatch {
@@ -343,7 +346,10 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         watch_asked = true;
         watch = watch_record(record, woken);
         // Ask once more now that the watch is on: the owner may have finished before it was.
-        if (watch) continue;
+        if (watch) {
+          backoff.watched(call.wait.watched_backoff);
+          continue;
+        }
       }
       // A cancellation, a shutdown or the store's notification ends the sleep.
       const auto pause = detail::poll_pause(backoff, busy.lease_remaining, until - now);
@@ -367,6 +373,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
           key(k),
           once(std::move(o)),
           backoff(policy.initial_backoff, policy.max_backoff),
+          watched_backoff(policy.watched_backoff),
           bound(since + policy.max_wait),
           started(since),
           last(busy),
@@ -377,6 +384,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     std::string key;
     CallOptions once;  // the call, with no waiting policy: each turn asks once
     Backoff backoff;
+    Duration watched_backoff;
     SteadyClock::time_point bound;
     SteadyClock::time_point started;
     Busy last;  // the latest busy answer, given when the wait is cancelled
@@ -392,11 +400,16 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   std::optional<SteadyClock::time_point> ask_again(AsyncWait& w) {
     if (!w.watched) {
       w.watched = true;
+      bool by_store = false;
       try {
-        w.watch = watch(w.scope, w.key, [this, t = w.ticket] { waits_.wake(t); });
+        w.watch = watch(
+            w.scope, w.key, [this, t = w.ticket] { waits_.wake(t); }, &by_store);
       } catch (const std::exception&) {
         // Nothing can tell: the backoff alone, which is always correct.
       }
+      // An owner in this executor tells once, when it finishes; the key may then be taken
+      // elsewhere, so only the store's notification makes the polls a fallback.
+      if (by_store) w.backoff.watched(w.watched_backoff);
     }
     std::optional<BytesBegin> begun;
     try {

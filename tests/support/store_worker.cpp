@@ -24,8 +24,9 @@
 //       "busy REMAINING_MS" or "replay PAYLOAD".
 //   complete URL KEY TOKEN PAYLOAD TTL_MS
 //       Calls Store::complete once; prints "done" or "fenced".
-//   wait URL KEY BACKOFF_MS [BUSY]
-//       Runs KEY, waiting up to an hour for a busy key and polling every BACKOFF_MS; prints
+//   wait URL KEY BACKOFF_MS [BUSY [WATCHED_MS]]
+//       Runs KEY, waiting up to an hour for a busy key and polling every BACKOFF_MS (every
+//       WATCHED_MS once the store's notification watches the key; BACKOFF_MS by default); prints
 //       "waiting" once the store answered busy BUSY times (2 by default: the executor
 //       watches the record by then, on a store that can notify; 3 on PostgreSQL, whose
 //       listener wakes every watch once when it starts listening), then
@@ -156,15 +157,19 @@ class CountingAcquires final : public idem::StoreWrapper {
   int busy_lines_;
 };
 
-int wait_once(const std::string& url, const std::string& key, int backoff_ms, int busy_lines) {
+int wait_once(const std::string& url, const std::string& key, int backoff_ms, int busy_lines,
+              int watched_ms) {
   try {
     auto store = std::make_shared<CountingAcquires>(idem::open_store(url), busy_lines);
     const auto backoff = std::chrono::milliseconds(backoff_ms);
-    idem::Executor exec(store,
-                        idem::ExecutorOptions{.wait = idem::WaitPolicy{.max_wait = 1h,
-                                                                       .initial_backoff = backoff,
-                                                                       .max_backoff = backoff},
-                                              .on_heartbeat_error = nullptr});
+    idem::Executor exec(
+        store,
+        idem::ExecutorOptions{
+            .wait = idem::WaitPolicy{.max_wait = 1h,
+                                     .initial_backoff = backoff,
+                                     .max_backoff = backoff,
+                                     .watched_backoff = std::chrono::milliseconds(watched_ms)},
+            .on_heartbeat_error = nullptr});
     auto r = exec.run(kScope, key, [](const idem::Attempt&) { return std::string("mine"); });
     const std::string acquires = "acquires=" + std::to_string(store->acquires());
     std::cout << (r.replayed ? "replay " + r.value + " " + acquires : "ran " + acquires)
@@ -253,8 +258,9 @@ int main(int argc, char** argv) {
     if (mode == "complete" && argc == 7) {
       return complete_once(argv[2], argv[3], std::stoull(argv[4]), argv[5], std::stoi(argv[6]));
     }
-    if (mode == "wait" && (argc == 5 || argc == 6)) {
-      return wait_once(argv[2], argv[3], std::stoi(argv[4]), argc == 6 ? std::stoi(argv[5]) : 2);
+    if (mode == "wait" && argc >= 5 && argc <= 7) {
+      return wait_once(argv[2], argv[3], std::stoi(argv[4]), argc >= 6 ? std::stoi(argv[5]) : 2,
+                       argc == 7 ? std::stoi(argv[6]) : std::stoi(argv[4]));
     }
     if (mode == "run" && argc == 7) {
       return run_once(argv[2], argv[3], argv[4], std::stoi(argv[5]), std::stoi(argv[6]));

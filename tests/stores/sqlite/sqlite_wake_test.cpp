@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -78,6 +79,23 @@ TEST(SqliteWake, WithoutASignalAWaiterStillAnswersByPolling) {
   ASSERT_EQ(waiter.read_line(), "waiting");
   ASSERT_EQ(store.complete("mp", "job", token, "first", 1h), WriteResult::kDone);
   EXPECT_THAT(waiter.read_line(), ::testing::StartsWith("replay first acquires="));
+  EXPECT_EQ(waiter.wait(), 0);
+}
+
+// SPEC §7: once the notification watches the key, polls are only its fallback. A waiter
+// that would poll every millisecond polls once an hour instead while the owner holds the
+// key, and is woken when it completes: three acquires in all (the first busy answer, the
+// one after the watch began, the one after the wake), where polling alone would have
+// made hundreds in the time the owner held it.
+TEST(SqliteWake, AWatchedWaiterPollsAtItsWatchedPaceNotItsBackoff) {
+  const std::string path = fresh_db_path("wake-watched");
+  SqliteStore store(SqliteStoreOptions{.path = path});
+  const Token token = hold(store, "job");
+  Worker waiter({"wait", url_of(path), "job", "1", "2", kHour});
+  ASSERT_EQ(waiter.read_line(), "waiting");
+  std::this_thread::sleep_for(300ms);  // a millisecond backoff would poll here
+  ASSERT_EQ(store.complete("mp", "job", token, "first", 1h), WriteResult::kDone);
+  EXPECT_EQ(waiter.read_line(), "replay first acquires=3");
   EXPECT_EQ(waiter.wait(), 0);
 }
 
