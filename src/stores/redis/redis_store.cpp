@@ -235,6 +235,10 @@ struct RedisStore::Impl {
   // the record's key, and the subscriber behind watch() (redis_subscriber.h).
   std::string notify_flag;
   std::unique_ptr<redis::Subscriber> subscriber;
+  // Redis Cluster: a subscriber per primary, made when a watch first leads to it (under
+  // subscribers_mu); a watch subscribes at its record's slot's primary.
+  std::mutex subscribers_mu;
+  std::map<std::string, std::unique_ptr<redis::Subscriber>> node_subscribers;
 
   explicit Impl(RedisStoreOptions options) : o(std::move(options)) {
     validate(o);
@@ -279,6 +283,7 @@ struct RedisStore::Impl {
       (void)slot_tags();
       node_settings = std::move(s);
       refresh_slots(/*at_open=*/true);
+      if (o.notify) start_notifying_cluster();
       return;
     }
     pool = std::make_unique<redis::Pool>(std::move(s), o.connections, describe);
@@ -287,15 +292,15 @@ struct RedisStore::Impl {
   }
 
   ~Impl() {
-    // The subscriber goes first, and the pool's Sentinel watch stops calling it before.
+    // The subscribers go first, and the pool's Sentinel watch stops calling them before.
     if (pool) pool->on_switch({});
     subscriber.reset();
+    node_subscribers.clear();
   }
 
   // One SPUBLISH on a channel nobody listens to, shaped like a record's key (so an ACL that
   // grants the records' channels grants it): an error (a server before Redis 7, an ACL that
-  // denies SPUBLISH or the channel) leaves the store polling only. Not on Redis Cluster
-  // (docs/stores/redis.md, "Waiting without polling").
+  // denies SPUBLISH or the channel) leaves the store polling only.
   void start_notifying() {
     auto call = std::make_shared<Call>();
     CommandWriter(call->request)
@@ -320,6 +325,44 @@ struct RedisStore::Impl {
       redis::Subscriber* sub = subscriber.get();
       pool->on_switch([sub](const std::string& address) { sub->moved_to(address); });
     }
+  }
+
+  // Redis Cluster: the same check, at the primary of the check key's slot. The scripts
+  // publish on the record's key, which hashes to the record's slot, so each publish goes
+  // out on the node that holds the record.
+  void start_notifying_cluster() {
+    const RecordRef check{"idem", "notify-check"};
+    Outcome out;
+    try {
+      out = run_cluster(
+          1,
+          [&](std::string& request, std::size_t, bool) {
+            CommandWriter(request)
+                .begin(3)
+                .arg("SPUBLISH")
+                .arg(redis::record_key(o.prefix, check.scope, check.key))
+                .arg("");
+          },
+          [&](std::size_t) { return check; }, /*wait_replicas=*/false);
+    } catch (const StoreUnavailable&) {
+      return;
+    }
+    if (out.replies.empty() || out.replies.front()->type != REDIS_REPLY_INTEGER) return;
+    notify_flag = "1";
+  }
+
+  // The subscriber at the primary of `r`'s slot. Throws StoreUnavailable (no primary) and
+  // std::system_error (no eventfd).
+  redis::Subscriber& node_subscriber(RecordRef r) {
+    const std::string node = owner_of(slot_of(r));
+    std::lock_guard lock(subscribers_mu);
+    std::unique_ptr<redis::Subscriber>& sub = node_subscribers[node];
+    if (!sub) {
+      redis::ConnectionSettings s = node_settings;
+      if (!split_node(node, s.host, s.port)) fail("the cluster named a node as '" + node + "'");
+      sub = std::make_unique<redis::Subscriber>(s);
+    }
+    return *sub;
   }
 
   // --- Redis Cluster ----------------------------------------------------------------------
@@ -811,6 +854,17 @@ RedisStats RedisStore::stats() const {
     out.notifications = sub.messages;
     out.subscribed_channels = sub.channels;
   }
+  if (impl_->cluster && !impl_->notify_flag.empty()) {
+    out.notify = true;
+    std::lock_guard lock(impl_->subscribers_mu);
+    for (const auto& [node, sub] : impl_->node_subscribers) {
+      const redis::SubscriberStats n = sub->stats();
+      out.subscriber_connects += n.connects;
+      out.subscriber_reconnects += n.reconnects;
+      out.notifications += n.messages;
+      out.subscribed_channels += n.channels;
+    }
+  }
   return out;
 }
 
@@ -1000,9 +1054,16 @@ bool RedisStore::do_forget(std::string_view scope, std::string_view key) {
 std::unique_ptr<RecordWatch> RedisStore::do_watch(std::string_view scope, std::string_view key,
                                                   std::function<void()> changed) {
   Impl& m = *impl_;
+  // The record's own key is its channel: on a cluster it hashes to the record's slot, and
+  // is subscribed at that slot's primary.
+  std::string channel = redis::record_key(m.o.prefix, scope, key);
+  if (m.cluster) {
+    if (m.notify_flag.empty()) return nullptr;
+    return m.node_subscriber(Impl::RecordRef{scope, key})
+        .watch(std::move(channel), std::move(changed));
+  }
   if (!m.subscriber) return nullptr;
-  // The record's own key is its channel: on a cluster it hashes to the record's slot.
-  return m.subscriber->watch(redis::record_key(m.o.prefix, scope, key), std::move(changed));
+  return m.subscriber->watch(std::move(channel), std::move(changed));
 }
 
 namespace detail {

@@ -278,6 +278,11 @@ std::string Subscriber::sync(Link& link) {
 
 std::string Subscriber::handle(const redisReply& r) {
   if (r.type == REDIS_REPLY_ERROR) {
+    // Redis Cluster: a channel whose slot is now served by another node. Its watches keep
+    // polling (at the watched pace) until they end; the store subscribes new watches at
+    // the slot's new primary.
+    const std::string_view text = text_of(r);
+    if (text.substr(0, 6) == "MOVED " || text.substr(0, 4) == "ASK ") return {};
     // SSUBSCRIBE refused (an ACL without the channel or the command): waiters poll.
     std::lock_guard lock(state_->mu);
     state_->denied = true;
@@ -292,11 +297,15 @@ std::string Subscriber::handle(const redisReply& r) {
   const std::string_view kind = text_of(*r.element[0]);
   const bool message = kind == "smessage";
   if (!message && kind != "ssubscribe") {
-    if (kind == "sunsubscribe" && r.element[2]->type == REDIS_REPLY_INTEGER) {
+    if (kind != "sunsubscribe") return {};
+    if (r.element[2]->type == REDIS_REPLY_INTEGER) {
       confirmed_.store(static_cast<std::size_t>(std::max(0LL, r.element[2]->integer)),
                        std::memory_order_relaxed);
     }
-    return {};
+    // The end of a subscription this link asked to end, or, on Redis Cluster, one the
+    // server ended because the channel's slot moved to another node: a channel that still
+    // has watches was not asked to end, so they ask the store again now (the record may
+    // have changed meanwhile) and poll from then on.
   }
   if (message) {
     messages_.fetch_add(1, std::memory_order_relaxed);

@@ -25,6 +25,7 @@
 #include "idem/testing/store_conformance.h"
 #include "stores/redis/redis_layout.h"
 #include "stores/redis/redis_test_util.h"
+#include "support/eventually.h"
 
 namespace idem::testing {
 namespace {
@@ -79,12 +80,49 @@ Token acquire_token(Store& store, const std::string& key, const std::string& sco
   return std::holds_alternative<Acquired>(r) ? std::get<Acquired>(r).lease.token : 0;
 }
 
-// SPEC §7: not on a cluster yet (docs/stores/redis.md, "Waiting without polling"): no
-// watch, no publish; waiters poll.
-TEST(RedisCluster, HasNoWatch) {
-  auto store = open_store(with_param(cluster_url(), "prefix", fresh_prefix("wake")));
-  EXPECT_EQ(store->watch("s", "k", [] {}), nullptr);
-  EXPECT_FALSE(dynamic_cast<RedisStore&>(*store).stats().notify);
+// SPEC §7 on a cluster: the scripts publish on the record's key, at its slot's primary, and
+// a watch subscribes there (a subscriber per primary), so a waiter is told when a record
+// on any node completes or is released.
+TEST(RedisCluster, AWatchIsToldWhenItsRecordCompletesOrIsReleasedOnEveryNode) {
+  const std::string prefix = fresh_prefix("wake");
+  const std::string url = with_param(cluster_url(), "prefix", prefix);
+  auto owner = open_store(url);
+  auto waiter = open_store(url);
+  ASSERT_TRUE(dynamic_cast<RedisStore&>(*waiter).stats().notify);
+  // A key on each primary.
+  std::map<int, std::string> key_on;
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = "w" + std::to_string(i);
+    key_on.emplace(owner_port(redis::hash_slot(redis::record_key(prefix, "s", key))), key);
+  }
+  ASSERT_GE(key_on.size(), 3u);
+  std::map<std::string, std::atomic<int>> told;
+  std::vector<std::unique_ptr<RecordWatch>> watches;
+  std::map<std::string, Token> tokens;
+  for (const auto& [port, key] : key_on) {
+    tokens[key] = acquire_token(*owner, key);
+    told[key] = 0;
+    watches.push_back(waiter->watch("s", key, [&told, k = key] { ++told[k]; }));
+    ASSERT_NE(watches.back(), nullptr) << key;
+  }
+  // Each subscription, once confirmed, calls its watch (a publish may have come before).
+  ASSERT_TRUE(eventually([&] {
+    return dynamic_cast<RedisStore&>(*waiter).stats().subscribed_channels == key_on.size();
+  }));
+  EXPECT_EQ(dynamic_cast<RedisStore&>(*waiter).stats().subscriber_connects, key_on.size());
+  bool completes = true;
+  for (const auto& [port, key] : key_on) {
+    SCOPED_TRACE(key + " on the node at port " + std::to_string(port));
+    ASSERT_TRUE(eventually([&] { return told[key].load() >= 1; }));
+    const int before = told[key].load();
+    if (completes) {
+      ASSERT_EQ(owner->complete("s", key, tokens[key], "v", Duration{600000}), WriteResult::kDone);
+    } else {
+      ASSERT_EQ(owner->release("s", key, tokens[key]), WriteResult::kDone);
+    }
+    completes = !completes;
+    EXPECT_TRUE(eventually([&] { return told[key].load() > before; }));
+  }
 }
 
 TEST(RedisCluster, EachRecordLivesOnThePrimaryOfItsSlot) {
