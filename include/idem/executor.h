@@ -783,11 +783,13 @@ class Executor {
   // waiting policy or a cancelled call, or an exception, thrown), that is returned and
   // `done` is never called. Otherwise, under the call's waiting policy (CallOptions::wait,
   // else ExecutorOptions::wait), it returns nullopt at once and the wait goes on without a
-  // thread of the caller's: the key is watched (as watch() does: in memory for a call of
-  // this executor, and the store's notification) and asked again when it may have changed
-  // and, as the fallback, at the policy's backoff (SPEC §7: never past the owner's lease
-  // deadline). `done` is then called exactly once, on the executor's waiting thread, with
-  // begin()'s answer: a replay, a handle, or busy when the bound ran out or
+  // thread of the caller's, exactly as a blocking begin() waits (SPEC §7; both are the
+  // same mechanism, taken in turns): a duplicate of a call of this executor waits on it in
+  // memory and gets its result from there; otherwise one waiter per key in this process
+  // polls the store for all of them, watched by the store's notification, and asks again
+  // when it may have changed and, as the fallback, at the policy's backoff (never past the
+  // owner's lease deadline). `done` is then called exactly once, on the executor's waiting
+  // thread, with begin()'s answer: a replay, a handle, or busy when the bound ran out or
   // CallOptions::stop_token was requested (at once); or with ShutDown when the executor
   // shuts down first. `done` must be quick (it delays the other waiters) and must not
   // shut down or destroy the executor. Throws as begin() does, and InvalidArgument for an
@@ -815,8 +817,8 @@ class Executor {
 
   // How many leases the heartbeat currently keeps alive (for tests and metrics).
   std::size_t active_leases() const;
-  // How many duplicates are waiting in memory on a call of this executor that holds their
-  // key (for tests and metrics).
+  // How many duplicates (blocking or begin_async) are waiting in memory on a call of this
+  // executor that holds their key, or polls the store for it (for tests and metrics).
   std::size_t waiting_duplicates() const;
   // How many begin_async calls are waiting (for tests and metrics).
   std::size_t waiting_async() const;

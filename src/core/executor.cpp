@@ -10,6 +10,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -24,7 +25,6 @@ namespace {
 
 using detail::Backoff;
 using detail::coarse_now;
-using detail::Followed;
 using detail::HeartbeatLease;
 using detail::IdHash;
 using detail::IdView;
@@ -48,8 +48,6 @@ struct Call {
   WaitPolicy wait;
   const std::optional<std::string>& fingerprint;
   const std::stop_token& stop;
-  // Whether a busy answer is an event (kInProgress); not for begin_async's own asks.
-  bool report_busy = true;
 };
 
 Duration resolve_interval(Duration heartbeat, Duration lease) {
@@ -194,40 +192,352 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     return both;
   }
 
-  // Executor::begin_async: the first ask on the caller's thread, the wait on the queue's.
+  // --- waiting (SPEC §5, §7) ---
+  //
+  // One mechanism serves every caller that finds a key busy: a KeyWait, taken in turns.
+  // Each turn asks (the in-process owner first, in memory, then the store) and either
+  // settles the call or says when to ask next. Blocking begin() sleeps between its turns
+  // on the caller's own thread; begin_async's waiters take theirs on the wait queue's
+  // thread (core/wait_queue). Both are woken by the same watches: the in-process call they
+  // follow, and the store's notification. The backoff between polls is the one rule of
+  // detail::poll_pause.
+
+  struct KeyWait {
+    KeyWait(ExecutorImpl& e, std::string_view s, std::string_view k, Call c, Uncount* u,
+            SteadyClock::time_point since, std::function<void()> wake_up)
+        : impl(e),
+          scope(s),
+          key(k),
+          id{s, k},
+          hash(IdHash{}(id)),
+          call(c),
+          uncount(u),
+          started(since),
+          wake(std::move(wake_up)),
+          backoff(c.wait.initial_backoff, c.wait.max_backoff) {}
+    ~KeyWait() { impl.let_go(*this); }
+    KeyWait(const KeyWait&) = delete;
+    KeyWait& operator=(const KeyWait&) = delete;
+
+    RecordRef record() const { return RecordRef{scope, key}; }
+    std::optional<std::string_view> fingerprint() const {
+      if (!call.fingerprint) return std::nullopt;
+      return *call.fingerprint;
+    }
+    // The waiting bound counts from the first time the key is found busy, so a call that
+    // never waits never reads the clock for it.
+    SteadyClock::time_point bound() {
+      if (!deadline) deadline = SteadyClock::now() + call.wait.max_wait;
+      return *deadline;
+    }
+
+    ExecutorImpl& impl;
+    std::string_view scope;
+    std::string_view key;
+    IdView id;
+    std::size_t hash;
+    Call call;
+    // run()'s call count, handed to the handle when the lease is acquired; null for a
+    // handle from begin() or begin_async, which does not count the call.
+    Uncount* uncount;
+    SteadyClock::time_point started;
+    // Ends the sleep between turns early. Called by the watches, on their threads.
+    std::function<void()> wake;
+    Backoff backoff;
+    std::optional<SteadyClock::time_point> deadline;
+    // begin_async's first turn, on the caller's thread: a busy key is left to the queue.
+    bool hand_over = false;
+    // Set while this wait polls the store for the in-process duplicates that follow it;
+    // whatever ends the wait hands them the outcome or sends them back to the table.
+    std::shared_ptr<InFlight> poller;
+    // The in-process owner (or poller) this wait follows in memory, and its watch, which
+    // holds the count that makes it publish its outcome.
+    std::shared_ptr<InFlight> leader;
+    std::unique_ptr<RecordWatch> leader_watch;
+    // The store's notification, asked for once, when this wait first polls.
+    std::unique_ptr<RecordWatch> store_watch;
+    bool store_watch_asked = false;
+    // The latest busy answer, given when the wait is cancelled.
+    Busy last{};
+    // The answer, once a turn has settled the call.
+    std::optional<BytesBegin> answer;
+  };
+
+  // What a wait holds that calls back in or lists it: given up when it ends (before its
+  // answer is handed over, for begin_async). Idempotent.
+  void let_go(KeyWait& w) noexcept {
+    w.store_watch.reset();
+    drop_leader(w);
+    if (w.poller) {
+      owners_.finish(*w.poller, OwnerState::kGone, nullptr);
+      w.poller.reset();
+    }
+  }
+
+  void drop_leader(KeyWait& w) noexcept {
+    if (!w.leader) return;
+    w.leader_watch.reset();  // uncounts the wait on the leader
+    w.leader.reset();
+    waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // SPEC §7: follows an in-process call that holds (or polls) the key, found with
+  // OwnerTable::find (which counted this wait on it).
+  void adopt_leader(KeyWait& w, std::shared_ptr<InFlight> leader) {
+    if (w.poller) {
+      // An owner appeared in this process; our own followers follow it from now on.
+      owners_.finish(*w.poller, OwnerState::kGone, nullptr);
+      w.poller.reset();
+    }
+    w.leader = leader;
+    waiting_.fetch_add(1, std::memory_order_relaxed);
+    // The watch takes over find's count; it wakes the wait at once if the leader has
+    // finished already.
+    w.leader_watch = detail::watch_owner(std::move(leader), w.wake);
+    // SPEC §5: key reuse is detected against the in-process owner's fingerprint too.
+    check_fingerprint(w.leader->fingerprint, w.call.fingerprint, w.record());
+  }
+
+  // Ends a wait with a busy answer (the bound ran out, or the call was cancelled).
+  std::nullopt_t settle_busy(KeyWait& w, Busy busy) {
+    if (events_) emit(EventKind::kInProgress, w.record(), 0, 0, w.started);
+    w.answer.emplace(BytesBegin(std::move(busy)));
+    return std::nullopt;
+  }
+
+  // One turn of a wait: the time of the next, or nullopt once it is settled (the answer is
+  // in w.answer). Throws what begin() throws.
+  std::optional<SteadyClock::time_point> turn(KeyWait& w) {
+    const RecordRef record = w.record();
+    const Call& call = w.call;
+    for (;;) {
+      if (w.leader) {
+        // SPEC §7: a duplicate of a call in this process waits on it in memory.
+        InFlight& leader = *w.leader;
+        std::string payload;
+        OwnerState state = OwnerState::kRunning;
+        {
+          std::lock_guard lock(leader.mu);
+          state = leader.state;
+          if (state == OwnerState::kCompleted && leader.has_payload) payload = leader.payload;
+          if (state == OwnerState::kCompleted && !leader.has_payload) state = OwnerState::kGone;
+        }
+        if (state == OwnerState::kCompleted) {
+          if (events_) {
+            emit(EventKind::kFollowed, record, leader.token(), leader.attempt.number(), w.started);
+          }
+          Result<std::string> r;
+          r.replayed = true;
+          r.token = leader.token();
+          r.attempt = leader.attempt.number();
+          r.stolen = leader.attempt.stolen();
+          r.value = std::move(payload);
+          w.answer.emplace(BytesBegin(std::move(r)));
+          return std::nullopt;
+        }
+        if (state == OwnerState::kGone) {
+          // It gave the key up: back to the store.
+          drop_leader(w);
+          continue;
+        }
+        if (closing()) throw shut_down_error();
+        const auto until = w.bound();
+        if (SteadyClock::now() >= until || call.stop.stop_requested()) {
+          return settle_busy(w, busy_of(leader, SteadyClock::now()));
+        }
+        w.last = busy_of(leader, SteadyClock::now());
+        // Its watch wakes this wait when it finishes.
+        return until;
+      }
+      if (closing()) throw shut_down_error();
+      if (auto leader = owners_.find(w.id, w.hash, w.poller.get())) {
+        adopt_leader(w, std::move(leader));
+        continue;
+      }
+      const auto sent = coarse_now();
+      AcquireResult acquired = guarded(
+          [&] { return store_->acquire(w.scope, w.key, call.lease, call.ttl, w.fingerprint()); },
+          record);
+      if (auto* replay = std::get_if<Replay>(&acquired)) {
+        check_fingerprint(replay->fingerprint, call.fingerprint, record);
+        if (w.poller) {
+          owners_.finish(*w.poller, OwnerState::kCompleted, &replay->payload);
+          w.poller.reset();
+        }
+        if (events_) emit(EventKind::kReplayed, record, 0, 0, w.started);
+        BytesBegin out(std::in_place_index<0>);
+        Result<std::string>& r = *out.replay();
+        r.replayed = true;
+        r.completed_at = replay->completed_at;
+        r.expires_at = replay->expires_at;
+        r.value = std::move(replay->payload);
+        w.answer.emplace(std::move(out));
+        return std::nullopt;
+      }
+      if (auto* a = std::get_if<Acquired>(&acquired)) {
+        // run()'s call count goes to the handle.
+        CallCounter::Slot* counted = nullptr;
+        if (w.uncount != nullptr) counted = std::exchange(w.uncount->slot, nullptr);
+        w.answer.emplace(own(w.id, w.hash, *a, sent, call, w.poller, counted, w.started));
+        return std::nullopt;
+      }
+      Busy& busy = std::get<Busy>(acquired);
+      check_fingerprint(busy.fingerprint, call.fingerprint, record);
+      const auto owner_deadline =
+          sent + std::chrono::duration_cast<SteadyClock::duration>(busy.lease_remaining);
+      if (!w.poller) {
+        // The owner may be a call of this process that registered after our lookup.
+        if (auto leader = owners_.find(w.id, w.hash, nullptr)) {
+          adopt_leader(w, std::move(leader));
+          continue;
+        }
+      }
+      const auto until = w.bound();
+      const auto now = SteadyClock::now();
+      if (now >= until || call.stop.stop_requested()) return settle_busy(w, std::move(busy));
+      w.last = busy;
+      if (w.hand_over) {
+        // begin_async: the waiting (the table, the watch, the polls) is the queue's.
+        w.hand_over = false;
+        return now;
+      }
+      if (w.poller) {
+        w.poller->observe(owner_deadline, busy.lease_expires_at);
+      } else {
+        auto candidate = std::make_shared<InFlight>(w.scope, w.key, w.hash, busy, call.lease,
+                                                    call.interval, owner_deadline);
+        // Somebody in this process got in first: wait on them instead.
+        if (!owners_.add_poller(candidate)) continue;
+        w.poller = std::move(candidate);
+      }
+      if (!w.store_watch_asked) {
+        w.store_watch_asked = true;
+        w.store_watch = watch_record(record, w.wake);
+        // Ask once more now that the watch is on: the owner may have finished before it was.
+        // From here the polls are only the fallback for a lost notification.
+        if (w.store_watch) {
+          w.backoff.watched(call.wait.watched_backoff);
+          continue;
+        }
+      }
+      const auto pause = detail::poll_pause(w.backoff, busy.lease_remaining, until - now);
+      w.backoff.advance();
+      return now + pause;
+    }
+  }
+
+  // Acquires, replays or waits as SPEC §5 and §7 say; an acquired lease comes back as a
+  // handle. `keep_alive`: the handle keeps the executor alive (Executor::begin); otherwise
+  // it is run()'s and stays counted as a call until it ends.
+  BytesBegin begin(std::string_view scope, std::string_view key, const CallOptions& call_options,
+                   bool keep_alive) {
+    // SPEC §10: every input is checked before anything reaches the store.
+    validate_scope(scope);
+    validate_key(key);
+    // Counted from here until the call leaves (for run(), until its handle ends), so that
+    // shutdown knows when nobody uses the executor's state any more.
+    CallCounter::Slot* const slot = calls_.enter();
+    Uncount uncount{slot};
+    if (closing_.load(std::memory_order_relaxed)) throw shut_down_error();
+    const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
+    // Where this call sleeps between turns; declared before the wait, whose watches wake it.
+    struct Sleep {
+      std::mutex mu;
+      std::condition_variable_any cv;
+      bool woken = false;  // guarded by mu
+      void wake() {
+        {
+          std::lock_guard lock(mu);
+          woken = true;
+        }
+        cv.notify_one();
+      }
+      void operator()() { wake(); }
+    } sleep;
+    KeyWait w(*this, scope, key, resolve(call_options), keep_alive ? nullptr : &uncount, started,
+              [&sleep] { sleep.wake(); });
+    // Shutdown wakes it too, once it sleeps.
+    std::optional<std::stop_callback<std::reference_wrapper<Sleep>>> on_close;
+    for (;;) {
+      const auto next = turn(w);
+      if (!next) return std::move(*w.answer);
+      if (!on_close) on_close.emplace(closing_source_.get_token(), std::ref(sleep));
+      // A cancellation, a shutdown or a watch ends the sleep.
+      std::unique_lock lock(sleep.mu);
+      sleep.cv.wait_until(lock, w.call.stop, *next, [&] { return closing() || sleep.woken; });
+      sleep.woken = false;
+    }
+  }
+
+  // A begin_async that waits: its wait and what that refers to. Touched only in its turns
+  // (the caller's first, then the wait queue's thread) and by its Stop, which runs there or
+  // after that thread has ended.
+  struct AsyncWait {
+    AsyncWait(ExecutorImpl& e, std::string_view s, std::string_view k, CallOptions o,
+              Executor::BeginCallback d, SteadyClock::time_point since)
+        : scope(s),
+          key(k),
+          options(std::move(o)),
+          done(std::move(d)),
+          wait(e, scope, key, e.resolve(options), nullptr, since,
+               [&e, this] { e.waits_.wake(ticket); }) {}
+
+    std::string scope;
+    std::string key;
+    CallOptions options;
+    Executor::BeginCallback done;
+    WaitQueue::Ticket ticket;
+    KeyWait wait;
+    std::optional<std::stop_callback<std::function<void()>>> on_stop;
+  };
+
+  // Executor::begin_async: the first turn on the caller's thread, the rest on the queue's.
   std::optional<BytesBegin> begin_async(std::string_view scope, std::string_view key,
                                         const CallOptions& call_options,
                                         Executor::BeginCallback done) {
     if (!done) throw InvalidArgument("begin_async callback", "must not be empty");
+    validate_scope(scope);
+    validate_key(key);
     const auto started = SteadyClock::now();
-    const Call call = resolve(call_options);
-    CallOptions once = call_options;
-    once.wait = WaitPolicy{};  // every ask is one ask; the queue does the waiting
-    BytesBegin first = begin(scope, key, once, /*keep_alive=*/true, /*report_busy=*/false);
-    const Busy* busy = first.busy();
-    if (busy == nullptr) return first;
-    if (call.wait.max_wait == Duration::zero() || call.stop.stop_requested()) {
-      if (events_) emit(EventKind::kInProgress, RecordRef{scope, key}, 0, 0, started);
-      return first;
-    }
-    auto w = std::make_shared<AsyncWait>(scope, key, std::move(once), call.wait, *busy,
-                                         std::move(done), started);
+    auto w = std::make_shared<AsyncWait>(*this, scope, key, call_options, std::move(done), started);
     std::shared_ptr<WaitQueue::Waiter> waiter = WaitQueue::make(
-        [this, w] { return ask_again(*w); },
+        [this, w]() -> std::optional<SteadyClock::time_point> {
+          std::optional<SteadyClock::time_point> next;
+          try {
+            CallCounter::Slot* const slot = calls_.enter();
+            Uncount uncount{slot};
+            next = turn(w->wait);
+          } catch (...) {
+            settle(*w, BeginAnswer(std::current_exception()));
+            return std::nullopt;
+          }
+          if (!next) settle(*w, BeginAnswer(std::move(*w->wait.answer)));
+          return next;
+        },
         [this, w](bool shutting_down) {
-          if (shutting_down)
+          if (shutting_down) {
             return settle(*w, BeginAnswer(std::make_exception_ptr(shut_down_error())));
-          if (events_) emit(EventKind::kInProgress, w->record(), 0, 0, w->started);
-          settle(*w, BeginAnswer(BytesBegin(Busy(w->last))));
+          }
+          if (events_) emit(EventKind::kInProgress, w->wait.record(), 0, 0, w->wait.started);
+          settle(*w, BeginAnswer(BytesBegin(Busy(w->wait.last))));
         });
     w->ticket = waiter;
+    std::optional<SteadyClock::time_point> first;
+    {
+      CallCounter::Slot* const slot = calls_.enter();
+      Uncount uncount{slot};
+      w->wait.hand_over = true;
+      first = turn(w->wait);  // throws as begin() does
+    }
+    if (!first) {
+      let_go(w->wait);
+      return std::move(*w->wait.answer);
+    }
     // A stop requested from here on cancels the wait at once (one requested before the
     // waiter starts cancels its first turn).
-    w->on_stop.emplace(w->once.stop_token,
+    w->on_stop.emplace(w->options.stop_token,
                        std::function<void()>([this, t = w->ticket] { waits_.cancel(t); }));
-    // Its first turn starts the watch and asks once more, since the key may have been freed
-    // before the watch began.
-    if (!waits_.start(std::move(waiter), SteadyClock::now())) {
+    if (!waits_.start(std::move(waiter), *first)) {
       w->on_stop.reset();
       throw shut_down_error();
     }
@@ -236,208 +546,11 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
 
   std::size_t waiting_async() const { return waits_.size(); }
 
-  // Acquires, replays or waits as SPEC §5 and §7 say; an acquired lease comes back as a
-  // handle. `keep_alive`: the handle keeps the executor alive (Executor::begin); otherwise
-  // it is run()'s and stays counted as a call until it ends.
-  BytesBegin begin(std::string_view scope, std::string_view key, const CallOptions& call_options,
-                   bool keep_alive, bool report_busy = true) {
-    // SPEC §10: every input is checked before anything reaches the store.
-    validate_scope(scope);
-    validate_key(key);
-    const RecordRef record{scope, key};
-    // Counted from here until the call leaves (for run(), until its handle ends), so that
-    // shutdown knows when nobody uses the executor's state any more.
-    CallCounter::Slot* const slot = calls_.enter();
-    Uncount uncount{slot};
-    if (closing_.load(std::memory_order_relaxed)) throw shut_down_error();
-    const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
-    Call call = resolve(call_options);
-    call.report_busy = report_busy;
-    // The waiting bound counts from the first time the key is found busy, so a call that
-    // never waits never reads the clock for it.
-    std::optional<SteadyClock::time_point> wait_deadline;
-    const auto bound = [&] {
-      if (!wait_deadline) wait_deadline = SteadyClock::now() + call.wait.max_wait;
-      return *wait_deadline;
-    };
-    const std::optional<std::string_view> fingerprint =
-        call.fingerprint ? std::optional<std::string_view>(*call.fingerprint) : std::nullopt;
-    const IdView id{scope, key};
-    const std::size_t hash = IdHash{}(id);
-    Backoff backoff(call.wait.initial_backoff, call.wait.max_backoff);
-
-    // Set while this call polls the store for the in-process duplicates that wait on it;
-    // whatever ends the call hands them the outcome or sends them back to the table.
-    std::shared_ptr<InFlight> poller;
-    struct StopPolling {
-      const ExecutorImpl& impl;
-      std::shared_ptr<InFlight>& poller;
-      ~StopPolling() {
-        if (poller) impl.owners_.finish(*poller, OwnerState::kGone, nullptr);
-      }
-    } stop_polling{*this, poller};
-
-    // SPEC §7: a store that can notify ends a poll's sleep when the owner, in any process,
-    // completes or releases. Declared before the watch, which must end first.
-    bool woken = false;  // guarded by sleep_mu_
-    std::unique_ptr<RecordWatch> watch;
-    bool watch_asked = false;
-
-    for (;;) {
-      // SPEC §7: a duplicate of a call in this process waits on it in memory.
-      if (auto owner = find_owner(id, hash, poller.get())) {
-        if (poller) {
-          // An owner appeared in this process; our own waiters follow it from now on.
-          owners_.finish(*poller, OwnerState::kGone, nullptr);
-          poller.reset();
-        }
-        if (auto r = follow(*owner, call, bound(), record, started)) return std::move(*r);
-        continue;
-      }
-      const auto sent = coarse_now();
-      AcquireResult acquired = guarded(
-          [&] { return store_->acquire(scope, key, call.lease, call.ttl, fingerprint); }, record);
-      if (auto* replay = std::get_if<Replay>(&acquired)) {
-        check_fingerprint(replay->fingerprint, call.fingerprint, record);
-        if (poller) {
-          owners_.finish(*poller, OwnerState::kCompleted, &replay->payload);
-          poller.reset();
-        }
-        if (events_) emit(EventKind::kReplayed, record, 0, 0, started);
-        BytesBegin out(std::in_place_index<0>);
-        Result<std::string>& r = *out.replay();
-        r.replayed = true;
-        r.completed_at = replay->completed_at;
-        r.expires_at = replay->expires_at;
-        r.value = std::move(replay->payload);
-        return out;
-      }
-      if (auto* a = std::get_if<Acquired>(&acquired)) {
-        if (!keep_alive) uncount.slot = nullptr;  // the handle keeps the count
-        return own(id, hash, *a, sent, call, poller, keep_alive ? nullptr : slot, started);
-      }
-      Busy& busy = std::get<Busy>(acquired);
-      check_fingerprint(busy.fingerprint, call.fingerprint, record);
-      const auto owner_deadline =
-          sent + std::chrono::duration_cast<SteadyClock::duration>(busy.lease_remaining);
-      if (!poller) {
-        // The owner may be a call of this process that registered after our lookup.
-        if (auto owner = find_owner(id, hash, nullptr)) {
-          if (auto r = follow(*owner, call, bound(), record, started)) return std::move(*r);
-          continue;
-        }
-      }
-      const auto until = bound();
-      const auto now = SteadyClock::now();
-      if (now >= until || call.stop.stop_requested()) {
-        if (events_ && call.report_busy) emit(EventKind::kInProgress, record, 0, 0, started);
-        return BytesBegin(std::move(busy));
-      }
-      if (poller) {
-        poller->observe(owner_deadline, busy.lease_expires_at);
-      } else {
-        auto candidate = std::make_shared<InFlight>(scope, key, hash, busy, call.lease,
-                                                    call.interval, owner_deadline);
-        // Somebody in this process got in first: wait on them instead.
-        if (!owners_.add_poller(candidate)) continue;
-        poller = std::move(candidate);
-      }
-      if (!watch_asked) {
-        watch_asked = true;
-        watch = watch_record(record, woken);
-        // Ask once more now that the watch is on: the owner may have finished before it was.
-        if (watch) {
-          backoff.watched(call.wait.watched_backoff);
-          continue;
-        }
-      }
-      // A cancellation, a shutdown or the store's notification ends the sleep.
-      const auto pause = detail::poll_pause(backoff, busy.lease_remaining, until - now);
-      {
-        std::unique_lock lock(sleep_mu_);
-        sleep_cv_.wait_for(lock, call.stop, pause, [&] { return closing() || woken; });
-        woken = false;
-      }
-      if (closing()) throw shut_down_error();
-      backoff.advance();
-    }
-  }
-
-  // A begin_async that waits. Touched only in its turns on the wait queue's thread (and by
-  // its Stop, which runs there or after that thread has ended), once begin_async has
-  // started it.
-  struct AsyncWait {
-    AsyncWait(std::string_view s, std::string_view k, CallOptions o, const WaitPolicy& policy,
-              const Busy& busy, Executor::BeginCallback d, SteadyClock::time_point since)
-        : scope(s),
-          key(k),
-          once(std::move(o)),
-          backoff(policy.initial_backoff, policy.max_backoff),
-          watched_backoff(policy.watched_backoff),
-          bound(since + policy.max_wait),
-          started(since),
-          last(busy),
-          done(std::move(d)) {}
-    RecordRef record() const { return RecordRef{scope, key}; }
-
-    std::string scope;
-    std::string key;
-    CallOptions once;  // the call, with no waiting policy: each turn asks once
-    Backoff backoff;
-    Duration watched_backoff;
-    SteadyClock::time_point bound;
-    SteadyClock::time_point started;
-    Busy last;  // the latest busy answer, given when the wait is cancelled
-    Executor::BeginCallback done;
-    WaitQueue::Ticket ticket;
-    bool watched = false;
-    std::unique_ptr<RecordWatch> watch;
-    std::optional<std::stop_callback<std::function<void()>>> on_stop;
-  };
-
-  // A waiter's turn: starts its watch on the first, then asks once. The next turn's time,
-  // or nullopt once it has answered.
-  std::optional<SteadyClock::time_point> ask_again(AsyncWait& w) {
-    if (!w.watched) {
-      w.watched = true;
-      bool by_store = false;
-      try {
-        w.watch = watch(
-            w.scope, w.key, [this, t = w.ticket] { waits_.wake(t); }, &by_store);
-      } catch (const std::exception&) {
-        // Nothing can tell: the backoff alone, which is always correct.
-      }
-      // An owner in this executor tells once, when it finishes; the key may then be taken
-      // elsewhere, so only the store's notification makes the polls a fallback.
-      if (by_store) w.backoff.watched(w.watched_backoff);
-    }
-    std::optional<BytesBegin> begun;
-    try {
-      begun.emplace(begin(w.scope, w.key, w.once, /*keep_alive=*/true, /*report_busy=*/false));
-    } catch (...) {
-      settle(w, BeginAnswer(std::current_exception()));
-      return std::nullopt;
-    }
-    if (const Busy* busy = begun->busy()) {
-      w.last = *busy;
-      const auto now = SteadyClock::now();
-      if (now >= w.bound || w.once.stop_token.stop_requested()) {
-        if (events_) emit(EventKind::kInProgress, w.record(), 0, 0, w.started);
-        settle(w, BeginAnswer(std::move(*begun)));
-        return std::nullopt;
-      }
-      const auto next = now + detail::poll_pause(w.backoff, busy->lease_remaining, w.bound - now);
-      w.backoff.advance();
-      return next;
-    }
-    settle(w, BeginAnswer(std::move(*begun)));
-    return std::nullopt;
-  }
-
-  // Answers a waiter. First it lets go of its watch and its stop callback (each waits for
-  // a call of its own that is under way), so that nothing the waiter still holds calls in.
-  static void settle(AsyncWait& w, BeginAnswer answer) noexcept {
-    w.watch.reset();
+  // Answers a waiter. First it lets go of its watches, its place in the owner table and its
+  // stop callback (each waits for a call of its own that is under way), so that nothing the
+  // waiter still holds calls in.
+  void settle(AsyncWait& w, BeginAnswer answer) noexcept {
+    let_go(w.wait);
     w.on_stop.reset();
     Executor::BeginCallback done = std::move(w.done);
     w.done = nullptr;
@@ -448,18 +561,13 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
   }
 
-  // The store's notification for a poller (Store::watch): sets `woken` and wakes the
-  // pollers' sleep. Null when the store cannot notify, or could not start to: the poller
-  // then only polls, which is always correct.
-  std::unique_ptr<RecordWatch> watch_record(const RecordRef& record, bool& woken) {
+  // The store's notification for a wait (Store::watch): calls `wake`. Null when the store
+  // cannot notify, or could not start to: the wait then only polls, which is always
+  // correct.
+  std::unique_ptr<RecordWatch> watch_record(const RecordRef& record,
+                                            const std::function<void()>& wake) {
     try {
-      return store_->watch(record.scope, record.key, [this, &woken] {
-        {
-          std::lock_guard lock(sleep_mu_);
-          woken = true;
-        }
-        sleep_cv_.notify_all();
-      });
+      return store_->watch(record.scope, record.key, wake);
     } catch (const std::exception&) {
       return nullptr;
     }
@@ -811,44 +919,6 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     return owners_.find(id, hash, self);
   }
 
-  // Waits in memory on an in-process owner (SPEC §7). Returns its result, a busy answer
-  // when the waiting bound runs out or the call is cancelled, or nullopt when the owner
-  // gave the key up and the caller should go back to the store.
-  std::optional<BytesBegin> follow(InFlight& owner, const Call& call,
-                                   SteadyClock::time_point wait_deadline, RecordRef record,
-                                   SteadyClock::time_point started) const {
-    // SPEC §5: key reuse is detected against the in-process owner's fingerprint too.
-    try {
-      check_fingerprint(owner.fingerprint, call.fingerprint, record);
-    } catch (...) {
-      owner.waiters.fetch_sub(1, std::memory_order_relaxed);
-      throw;
-    }
-    std::string payload;
-    switch (detail::follow_owner(owner, wait_deadline, call.stop, closing_, waiting_, payload)) {
-      case Followed::kCompleted: {
-        if (events_) {
-          emit(EventKind::kFollowed, record, owner.token(), owner.attempt.number(), started);
-        }
-        Result<std::string> r;
-        r.replayed = true;
-        r.token = owner.token();
-        r.attempt = owner.attempt.number();
-        r.stolen = owner.attempt.stolen();
-        r.value = std::move(payload);
-        return BytesBegin(std::move(r));
-      }
-      case Followed::kGone:
-        return std::nullopt;
-      case Followed::kShutDown:
-        throw shut_down_error();
-      case Followed::kWaitOver:
-        break;
-    }
-    if (events_ && call.report_busy) emit(EventKind::kInProgress, record, 0, 0, started);
-    return BytesBegin(busy_of(owner, SteadyClock::now()));
-  }
-
   // Best effort (SPEC §5): if the store is down the lease simply expires and the next
   // caller steals it.
   void release_quietly(const InFlight& owner) noexcept {
@@ -991,16 +1061,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   // Owners and pollers in the table.
   std::size_t listed() const noexcept { return owners_.listed(); }
 
-  // Wakes every call that waits (polling, or on an owner in memory) so that it sees the
-  // shutdown.
-  void wake_waiters() noexcept {
-    { std::lock_guard lock(sleep_mu_); }
-    sleep_cv_.notify_all();
-    for (const auto& owner : owners_.snapshot()) {
-      { std::lock_guard lock(owner->mu); }
-      owner->cv.notify_all();
-    }
-  }
+  // Wakes every blocking call that waits (polling, or on a call in memory) so that it sees
+  // the shutdown.
+  void wake_waiters() noexcept { closing_source_.request_stop(); }
 
   // Releases the lease of every owner still listed (a run()'s action still running, an
   // open handle): its stop token is requested and its complete() will throw LeaseLost.
@@ -1029,9 +1092,8 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   mutable std::atomic<std::size_t> waiting_{0};
   // Set once by shutdown; new calls are refused and waits end.
   std::atomic<bool> closing_{false};
-  // Pollers sleep here between polls, so that shutdown can wake them.
-  std::mutex sleep_mu_;
-  std::condition_variable_any sleep_cv_;
+  // Requested by shutdown, with closing_: wakes the blocking calls that wait.
+  std::stop_source closing_source_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by shutdown_mu_
   // begin_async's waiters. Last, so that its thread ends first.

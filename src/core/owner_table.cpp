@@ -63,7 +63,6 @@ void OwnerTable::finish(InFlight& owner, OwnerState state,
     }
     for (const auto& changed : owner.wakers) changed();
   }
-  owner.cv.notify_all();
 }
 
 std::size_t OwnerTable::listed() const noexcept {
@@ -118,44 +117,6 @@ class OwnerWatch final : public RecordWatch {
 std::unique_ptr<RecordWatch> watch_owner(std::shared_ptr<InFlight> owner,
                                          std::function<void()> changed) {
   return std::make_unique<OwnerWatch>(std::move(owner), std::move(changed));
-}
-
-namespace {
-
-// Wakes a duplicate waiting on an owner in memory when its call is cancelled.
-struct WakeFollower {
-  InFlight* owner;
-  void operator()() const noexcept {
-    { std::lock_guard lock(owner->mu); }
-    owner->cv.notify_all();
-  }
-};
-
-}  // namespace
-
-Followed follow_owner(InFlight& owner, SteadyClock::time_point wait_deadline,
-                      const std::stop_token& stop, const std::atomic<bool>& closing,
-                      std::atomic<std::size_t>& waiting, std::string& payload) {
-  struct Leave {
-    InFlight& owner;
-    ~Leave() { owner.waiters.fetch_sub(1, std::memory_order_relaxed); }
-  } leave{owner};
-  // Registered before the lock: it runs at once if the call is cancelled already.
-  std::optional<std::stop_callback<WakeFollower>> wake;
-  if (stop.stop_possible()) wake.emplace(stop, WakeFollower{&owner});
-  std::unique_lock lock(owner.mu);
-  for (;;) {
-    if (owner.state == OwnerState::kCompleted && owner.has_payload) {
-      payload = owner.payload;
-      return Followed::kCompleted;
-    }
-    if (owner.state != OwnerState::kRunning) return Followed::kGone;
-    if (closing.load(std::memory_order_acquire)) return Followed::kShutDown;
-    if (SteadyClock::now() >= wait_deadline || stop.stop_requested()) return Followed::kWaitOver;
-    waiting.fetch_add(1, std::memory_order_relaxed);
-    owner.cv.wait_until(lock, wait_deadline);
-    waiting.fetch_sub(1, std::memory_order_relaxed);
-  }
 }
 
 }  // namespace idem::detail

@@ -5,7 +5,6 @@
 // finds them and waits on them in memory (a follower) instead of polling the store.
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -133,7 +132,6 @@ struct InFlight : HeartbeatLease {
   std::atomic<bool> in_caller_tx{false};
 
   std::mutex mu;
-  std::condition_variable cv;
   // Executor::watch callbacks on this key, run (under mu) when the call finishes; each is
   // counted in `waiters` while it is listed. Guarded by mu.
   std::list<std::function<void()>> wakers;
@@ -203,19 +201,5 @@ class OwnerTable {
 // destroyed.
 std::unique_ptr<RecordWatch> watch_owner(std::shared_ptr<InFlight> owner,
                                          std::function<void()> changed);
-
-// How a follower's wait on an in-process owner ended.
-enum class Followed {
-  kCompleted,  // the owner recorded its result: it is in `payload`
-  kGone,       // the owner gave the key up: go back to the store
-  kWaitOver,   // the waiting bound ran out, or the call was cancelled
-  kShutDown,   // the executor is shutting down
-};
-
-// Waits in memory on an in-process owner found with OwnerTable::find (which counted the
-// caller as a waiter; this uncounts it). `waiting` counts the followers asleep.
-Followed follow_owner(InFlight& owner, SteadyClock::time_point wait_deadline,
-                      const std::stop_token& stop, const std::atomic<bool>& closing,
-                      std::atomic<std::size_t>& waiting, std::string& payload);
 
 }  // namespace idem::detail

@@ -16,7 +16,7 @@ class WaitQueue::Waiter {
   Clock::time_point at_{};  // its entry in due_, when queued and not in its turn
   bool queued_ = false;     // started
   bool in_turn_ = false;
-  bool woken_ = false;            // woken during its turn: the next turn comes at once
+  bool woken_ = false;            // woken in its turn or before its start: next turn at once
   bool cancelled_ = false;        // its next turn stops it
   bool settled_ = false;          // answered (or stopped): never queued again
   std::shared_ptr<Waiter> self_;  // the queue's reference until it is settled
@@ -33,7 +33,9 @@ bool WaitQueue::start(std::shared_ptr<Waiter> waiter, Clock::time_point first) {
     std::lock_guard lock(mu_);
     if (stopping_) return false;
     w.queued_ = true;
-    w.at_ = w.cancelled_ ? Clock::now() : first;
+    // Woken or cancelled before it started: its first turn comes at once.
+    w.at_ = w.cancelled_ || w.woken_ ? Clock::now() : first;
+    w.woken_ = false;
     w.self_ = std::move(waiter);
     due_.insert(Due{w.at_, &w});
     wake = due_.begin()->waiter == &w;
@@ -44,8 +46,8 @@ bool WaitQueue::start(std::shared_ptr<Waiter> waiter, Clock::time_point first) {
 }
 
 bool WaitQueue::schedule(Waiter& w, Clock::time_point at) {
-  if (!w.queued_ || w.settled_) return false;
-  if (w.in_turn_) {
+  if (w.settled_) return false;
+  if (!w.queued_ || w.in_turn_) {
     w.woken_ = true;
     return false;
   }

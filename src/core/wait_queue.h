@@ -44,7 +44,8 @@ class WaitQueue {
   // keeps it until it is settled. False after shutdown: nothing queued, nothing called.
   bool start(std::shared_ptr<Waiter> waiter, Clock::time_point first);
 
-  // Its turn comes now (a watch saw its key change). Any thread; nothing once settled.
+  // Its turn comes now (a watch saw its key change). Any thread, also before the waiter
+  // starts (its first turn then comes at once); nothing once settled.
   void wake(const Ticket& ticket);
   // It stops: Stop(false) runs on the queue's thread, unless it is settled first. Any
   // thread, also before the waiter starts.

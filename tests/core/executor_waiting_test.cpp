@@ -381,6 +381,103 @@ TEST_F(ExecutorTest, ManyAsyncWaitersOnOneKeyAreEachAnsweredOnce) {
   }
 }
 
+// SPEC §7: begin_async waits on an owner of this executor in memory, as a blocking call
+// does: the owner's result comes from memory, with the token of the lease that produced it,
+// and the store is not asked again.
+TEST_F(ExecutorTest, BeginAsyncGetsAnInProcessOwnersResultFromMemory) {
+  Executor exec(store_);
+  idem::BeginResult<> owner = exec.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  const idem::Token token = owner.handle()->token();
+  Answers answers;
+  EXPECT_FALSE(exec.begin_async("s", "k", CallOptions{.wait = kWaitForAWake}, answers.callback()));
+  EXPECT_EQ(exec.waiting_duplicates(), 1u);
+  const auto acquires = store_->calls(Op::kAcquire);
+  (void)owner.handle()->complete("v");
+  idem::BeginResult<> got = answers.take();
+  ASSERT_NE(got.replay(), nullptr);
+  EXPECT_EQ(got.replay()->value, "v");
+  EXPECT_TRUE(got.replay()->replayed);
+  EXPECT_EQ(got.replay()->token, token);
+  EXPECT_EQ(store_->calls(Op::kAcquire), acquires);
+  EXPECT_EQ(exec.waiting_duplicates(), 0u);
+}
+
+// SPEC §7: blocking and event-loop duplicates are one mechanism: in one process, whichever
+// came first polls the store for a key held elsewhere, and the others, of either kind,
+// wait on it in memory and get its answer.
+TEST_F(ExecutorTest, BlockingAndAsyncDuplicatesOfAnotherProcessesOwnerShareOnePoller) {
+  for (const bool async_polls : {true, false}) {
+    SCOPED_TRACE(async_polls ? "begin_async polls" : "a blocking call polls");
+    const std::string key = async_polls ? "async first" : "blocking first";
+    Executor process_a(store_);
+    Executor process_b(store_);
+    idem::BeginResult<> owner = process_a.begin("s", key);
+    ASSERT_NE(owner.handle(), nullptr);
+    const WaitPolicy poll{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms};
+    Answers answers;
+    std::vector<std::future<idem::BeginResult<>>> blocking;
+    const auto start_blocking = [&] {
+      blocking.push_back(std::async(std::launch::async, [&] {
+        return process_b.begin("s", key, CallOptions{.wait = poll});
+      }));
+    };
+    if (async_polls) {
+      EXPECT_FALSE(process_b.begin_async("s", key, CallOptions{.wait = poll}, answers.callback()));
+      // Its first turn on the queue lists it as the key's poller.
+      ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, store_->calls(Op::kAcquire) + 2));
+      start_blocking();
+      start_blocking();
+    } else {
+      start_blocking();
+      ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, store_->calls(Op::kAcquire) + 2));
+      EXPECT_FALSE(process_b.begin_async("s", key, CallOptions{.wait = poll}, answers.callback()));
+      start_blocking();
+    }
+    // One of the three polls; the other two wait on it in memory.
+    const bool two_in_memory = eventually([&] { return process_b.waiting_duplicates() == 2; });
+    (void)owner.handle()->complete("from a");
+    idem::BeginResult<> async_got = answers.take();
+    ASSERT_NE(async_got.replay(), nullptr);
+    EXPECT_EQ(async_got.replay()->value, "from a");
+    for (auto& b : blocking) {
+      idem::BeginResult<> r = b.get();
+      ASSERT_NE(r.replay(), nullptr);
+      EXPECT_EQ(r.replay()->value, "from a");
+    }
+    EXPECT_TRUE(two_in_memory);
+    EXPECT_EQ(process_b.waiting_duplicates(), 0u);
+    EXPECT_TRUE(eventually([&] { return process_b.waiting_async() == 0; }));
+  }
+}
+
+// A begin_async that polls for the key and is cancelled hands the polling on: the blocking
+// duplicate that followed it goes back to the store and is answered.
+TEST_F(ExecutorTest, ACancelledAsyncPollerHandsThePollingToItsFollowers) {
+  Executor process_a(store_);
+  Executor process_b(store_);
+  idem::BeginResult<> owner = process_a.begin("s", "k");
+  ASSERT_NE(owner.handle(), nullptr);
+  const WaitPolicy poll{.max_wait = 1h, .initial_backoff = 5ms, .max_backoff = 5ms};
+  Answers answers;
+  std::stop_source stop;
+  EXPECT_FALSE(process_b.begin_async(
+      "s", "k", CallOptions{.wait = poll, .stop_token = stop.get_token()}, answers.callback()));
+  // Its third ask comes after it listed itself as the key's poller.
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, store_->calls(Op::kAcquire) + 2));
+  auto blocking = std::async(std::launch::async,
+                             [&] { return process_b.begin("s", "k", CallOptions{.wait = poll}); });
+  ASSERT_TRUE(eventually([&] { return process_b.waiting_duplicates() == 1; }));
+  stop.request_stop();
+  EXPECT_NE(answers.take().busy(), nullptr);
+  // The follower polls for itself now.
+  ASSERT_TRUE(store_->wait_for_calls(Op::kAcquire, store_->calls(Op::kAcquire) + 2));
+  (void)owner.handle()->complete("from a");
+  idem::BeginResult<> r = blocking.get();
+  ASSERT_NE(r.replay(), nullptr);
+  EXPECT_EQ(r.replay()->value, "from a");
+}
+
 // --- waiting on another process ---------------------------------------------------------
 
 // Two executors on one store stand for two processes: neither sees the other in memory.
