@@ -8,7 +8,6 @@ import contextvars
 import datetime
 import functools
 import inspect
-import random
 import threading
 from typing import Any, Awaitable, Callable, Optional, Union
 
@@ -40,12 +39,6 @@ def open_store(url: str, *, read_only: bool = False, create_if_missing: bool = T
     return _idem.open_store(url, read_only=read_only, create_if_missing=create_if_missing)
 
 
-def _seconds(value: Seconds) -> float:
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    return float(value)
-
-
 class Executor(_idem.Executor):
     """Runs an action at most once per (scope, key) on a store (SPEC §5).
 
@@ -57,7 +50,9 @@ class Executor(_idem.Executor):
     - ``heartbeat`` (lease / 3): how often the heartbeat thread extends live leases.
     - ``ttl`` (24 h): how long a completed result is replayed.
     - ``wait`` (0): how long a duplicate waits for a busy key before InProgress; 0 fails
-      at once. ``initial_backoff`` (0.01) and ``max_backoff`` (1) pace its polls.
+      at once. It is woken when the owner finishes (in memory, or by the store's
+      notification); ``initial_backoff`` (0.01) and ``max_backoff`` (1) pace its polls of
+      the store, the fallback.
     - ``max_payload`` (1 MiB, at most 64 MiB): the largest encoded result.
     - ``shutdown_timeout`` (10): how long ``close()`` waits for open attempts.
     - ``on_event``: called with an :class:`idem.Event` for everything that happens.
@@ -109,9 +104,6 @@ class Executor(_idem.Executor):
         )
         if async_threads < 1:
             raise ValueError(f"async_threads must be at least 1, got {async_threads}")
-        self._wait = _seconds(wait)
-        self._initial_backoff = _seconds(initial_backoff)
-        self._max_backoff = _seconds(max_backoff)
         self._async_threads = async_threads
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pool_lock = threading.Lock()
@@ -204,30 +196,39 @@ class Executor(_idem.Executor):
         return loop.run_in_executor(self._executor_pool(), functools.partial(fn, *args, **kwargs))
 
     async def _begin_async(self, scope: Key, key: Key, call: dict) -> "AsyncAttempt":
-        # Waiting for a busy key happens here, on the event loop: each poll is a begin that
-        # answers at once (in memory when the owner is in this process), and the pause
-        # between polls is an asyncio.sleep, so no thread is held while waiting.
-        # SPEC §7's pacing: capped exponential backoff with jitter, never past the owner's
-        # lease deadline nor the waiting bound. When the C++ executor offers a non-blocking
-        # wait (issue 23), this loop becomes one call; the API does not change.
-        wait = call.pop("wait", None)
-        max_wait = self._wait if wait is None else _seconds(wait)
+        # The first ask is a store call: on the pool. When the key is busy and the call may
+        # wait, the C++ executor waits for it without a thread of ours (SPEC §7): woken in
+        # memory when the owner is in this process, by the store's notification when it is
+        # in another (polling as the fallback), until the bound. Its callback comes on the
+        # executor's waiting thread and only wakes this coroutine through the loop.
         loop = asyncio.get_running_loop()
-        deadline: Optional[float] = None
-        backoff = self._initial_backoff
-        while True:
-            answer = await self._submit(self._begin, scope, key, wait=0, **call)
-            if not isinstance(answer, tuple):
-                return AsyncAttempt(self, answer)
-            remaining, expires_at = answer
-            now = loop.time()
-            if deadline is None:
-                deadline = now + max_wait
-            if now >= deadline:
-                self._in_progress(scope, key, remaining, expires_at)
-            pause = min(backoff * random.uniform(0.5, 1.0), remaining, deadline - now)
-            await asyncio.sleep(max(pause, 0.001))
-            backoff = min(backoff * 2, self._max_backoff)
+        woken: "asyncio.Future[None]" = loop.create_future()
+
+        def settle() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        def notify() -> None:
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:
+                pass  # the loop is closed: nobody awaits the answer
+
+        answer = await self._submit(self._begin_or_wait, scope, key, notify, **call)
+        if isinstance(answer, _idem._PendingBegin):
+            try:
+                await woken
+            except BaseException:
+                # Cancelled: the C++ wait ends at once. A lease it acquired meanwhile is
+                # given back, whatever happens to this task from here on.
+                leftover = answer.cancel()
+                if leftover is not None:
+                    await AsyncAttempt(self, leftover)._release_shielded()
+                raise
+            answer = answer.answer()
+        if isinstance(answer, tuple):
+            self._in_progress(scope, key, *answer)
+        return AsyncAttempt(self, answer)
 
     def begin_async(self, scope: Key, key: Key, **options: Any) -> "_BeginAsync":
         """begin() for asyncio: ``async with executor.begin_async(scope, key) as attempt``

@@ -107,6 +107,10 @@ class Attempt:
     def __enter__(self) -> Attempt: ...
     def __exit__(self, type: Any, value: Any, traceback: Any) -> bool: ...
 
+class _PendingBegin:
+    def answer(self) -> Union[Attempt, Tuple[float, datetime.datetime]]: ...
+    def cancel(self) -> Optional[Attempt]: ...
+
 class Executor:
     def __init__(
         self,
@@ -135,6 +139,19 @@ class Executor:
         fingerprint: Optional[Key] = None,
         codec: Any = None,
     ) -> Union[Attempt, Tuple[float, datetime.datetime]]: ...
+    def _begin_or_wait(
+        self,
+        scope: Key,
+        key: Key,
+        notify: Callable[[], Any],
+        *,
+        lease: Optional[Seconds] = None,
+        heartbeat: Optional[Seconds] = None,
+        ttl: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+        fingerprint: Optional[Key] = None,
+        codec: Any = None,
+    ) -> Union[Attempt, Tuple[float, datetime.datetime], _PendingBegin]: ...
     def _in_progress(self, scope: Key, key: Key, remaining: float, expires_at: datetime.datetime) -> None: ...
     def shutdown(self, timeout: Optional[Seconds] = None) -> None: ...
     @property
@@ -143,6 +160,8 @@ class Executor:
     def active_leases(self) -> int: ...
     @property
     def waiting_duplicates(self) -> int: ...
+    @property
+    def waiting_async(self) -> int: ...
     @property
     def store(self) -> Store: ...
     @property

@@ -428,6 +428,155 @@ class PyAttempt {
   std::vector<std::unique_ptr<std::stop_callback<StopFn>>> stop_callbacks_;
 };
 
+// --- begin()'s answers ---
+
+// An acquisition that completes while the interpreter exits gives its key back (see
+// Gate::begin_exit). A store call: without the GIL.
+void give_back_if_exiting(BeginResult<std::string>& begun) {
+  if (begun.handle() != nullptr && Gate::instance().exiting()) {
+    begun.handle()->release();
+    throw ShutDown("the interpreter is exiting; the key was given back");
+  }
+}
+
+// begin()'s answer as Python sees it: an Attempt (a replay, decoded with `c`, or the lease),
+// or for a busy key the tuple (lease_remaining, lease_expires_at).
+py::object answer_object(const std::shared_ptr<Executor>& executor, const py::object& scope_obj,
+                         const py::object& key_obj, const Codec& c,
+                         BeginResult<std::string>&& begun) {
+  if (Result<std::string>* replay = begun.replay()) {
+    const std::string scope = py::cast<std::string>(scope_obj);
+    const std::string key = py::cast<std::string>(key_obj);
+    py::object value = c.decode(replay->value, RecordRef{scope, key});
+    return py::cast(std::make_unique<PyAttempt>(executor, scope_obj, key_obj,
+                                                PyResult::of(std::move(value), *replay)));
+  }
+  if (const Busy* busy = begun.busy()) {
+    return py::make_tuple(static_cast<double>(busy->lease_remaining.count()) / 1000.0,
+                          to_datetime(busy->lease_expires_at));
+  }
+  return py::cast(
+      std::make_unique<PyAttempt>(executor, scope_obj, key_obj, c, std::move(*begun.handle())));
+}
+
+// --- begin_async's wait (SPEC §7: non-blocking, woken when the owner finishes) ---
+
+// Where Executor::begin_async's callback leaves its answer for Python. The callback runs on
+// the executor's waiting thread (or on the thread that shuts the executor down), without the
+// GIL; the answer is taken on the event loop's thread, through PendingBegin. mu is never
+// held while waiting for the GIL, on either side.
+struct AsyncAnswer {
+  explicit AsyncAnswer(SharedObject n) : notify(std::move(n)) {}
+
+  // The callback: keeps the answer and calls notify(), or drops it when Python gave the
+  // wait up (an AttemptHandle then releases its lease as it goes, here, without the GIL).
+  // Never throws into the executor; skips Python once the gate has closed (gil.h).
+  void deliver(BeginAnswer a) noexcept {
+    try {
+      std::optional<BeginAnswer> dropped;
+      {
+        std::lock_guard lock(mu);
+        if (abandoned) {
+          dropped.emplace(std::move(a));
+        } else {
+          answer.emplace(std::move(a));
+        }
+      }
+      if (dropped) return;
+      call_back(notify, "idem: begin_async's notify callback");
+    } catch (...) {
+      // Nothing may leave the callback; the answer (if kept) is still there to take.
+    }
+  }
+
+  std::mutex mu;
+  std::optional<BeginAnswer> answer;  // guarded by mu
+  bool abandoned = false;             // guarded by mu: nobody will take the answer
+  SharedObject notify;                // called with no arguments once the answer is in
+};
+
+// A begin_async that waits, as Python holds it (idem._idem._PendingBegin). Its notify is
+// called once, holding the GIL, from another thread, when answer() has something to give.
+// Dropping it, or cancel(), ends the C++ wait at once (its stop token) and gives back a lease
+// that the wait acquired for nobody.
+class PendingBegin {
+ public:
+  PendingBegin(std::shared_ptr<Executor> executor, py::object scope, py::object key, Codec codec,
+               SharedObject notify)
+      : executor_(std::move(executor)),
+        scope_(std::move(scope)),
+        key_(std::move(key)),
+        codec_(std::move(codec)),
+        state_(std::make_shared<AsyncAnswer>(std::move(notify))) {}
+  PendingBegin(const PendingBegin&) = delete;
+  PendingBegin& operator=(const PendingBegin&) = delete;
+  ~PendingBegin() {
+    if (answered_) return;
+    std::optional<BeginAnswer> left = abandon();
+    if (left) without_gil([&] { left.reset(); });  // a lease's handle releases it: a store call
+  }
+
+  // The call's stop token: requested only to give the wait up, never once the call was
+  // answered (an acquired lease's Attempt::stop_token() would show it).
+  std::stop_token stop_token() const { return stop_.get_token(); }
+  // The first ask settled the call: nothing to wait for, nothing to stop.
+  void settled() { answered_ = true; }
+  Executor::BeginCallback callback() const {
+    return [state = state_](BeginAnswer a) { state->deliver(std::move(a)); };
+  }
+
+  // The answer, once: an Attempt, a busy tuple (the bound ran out, or cancelled), or raises
+  // what begin() would have raised (ShutDown when the executor shut down first).
+  py::object answer() {
+    std::optional<BeginAnswer> a;
+    {
+      std::lock_guard lock(state_->mu);
+      a.swap(state_->answer);
+    }
+    if (!a) throw std::logic_error("begin_async has no answer yet (or it was taken)");
+    answered_ = true;
+    BeginResult<std::string> begun = without_gil([&] {
+      BeginResult<std::string> b = std::move(*a).get();
+      give_back_if_exiting(b);
+      return b;
+    });
+    return answer_object(executor_, scope_, key_, codec_, std::move(begun));
+  }
+
+  // Gives the wait up: requests its stop (the C++ wait ends at once; its answer, when it
+  // comes, is dropped). Returns the lease as an Attempt when the answer already in holds one,
+  // for the caller to release off the event loop; else None.
+  py::object cancel() {
+    if (answered_) return py::none();
+    std::optional<BeginAnswer> a = abandon();
+    if (!a || a->failed()) return py::none();
+    BeginResult<std::string> begun = std::move(*a).get();
+    if (begun.handle() == nullptr) return py::none();
+    return py::cast(
+        std::make_unique<PyAttempt>(executor_, scope_, key_, codec_, std::move(*begun.handle())));
+  }
+
+ private:
+  // Requests the stop (with the GIL released: the executor's stop callback runs here) and
+  // takes the answer if it is in; from now on the callback drops it.
+  std::optional<BeginAnswer> abandon() {
+    without_gil([&] { stop_.request_stop(); });
+    std::optional<BeginAnswer> a;
+    std::lock_guard lock(state_->mu);
+    state_->abandoned = true;
+    a.swap(state_->answer);
+    return a;
+  }
+
+  std::shared_ptr<Executor> executor_;  // keeps the executor alive while the wait is
+  py::object scope_;
+  py::object key_;
+  Codec codec_;
+  std::stop_source stop_;
+  std::shared_ptr<AsyncAnswer> state_;
+  bool answered_ = false;  // answer() took the answer (or the first ask settled the call)
+};
+
 // idem::Event for on_event: built only when a hook is set.
 struct PyEvent {
   std::string kind;
@@ -507,30 +656,38 @@ struct PyExecutor {
 
   Codec codec_for(const py::object& c) const { return c.is_none() ? codec : Codec(c); }
 
-  // begin(): a replay or a lease as an Attempt; a busy key as nullopt with `busy` filled.
-  std::optional<py::object> begin_attempt(const py::object& scope_obj, const py::object& key_obj,
-                                          const CallOptions& call, const Codec& c, Busy* busy) {
+  // begin()'s answer for Python (see answer_object).
+  py::object begin_answer(const py::object& scope_obj, const py::object& key_obj,
+                          const CallOptions& call, const Codec& c) {
     const std::string scope = py::cast<std::string>(scope_obj);
     const std::string key = py::cast<std::string>(key_obj);
     BeginResult<std::string> begun = without_gil([&] {
       BeginResult<std::string> b = executor->begin<std::string>(scope, key, call);
-      if (b.handle() != nullptr && Gate::instance().exiting()) {
-        b.handle()->release();  // see Gate::begin_exit
-        throw ShutDown("the interpreter is exiting; the key was given back");
-      }
+      give_back_if_exiting(b);
       return b;
     });
-    if (Result<std::string>* replay = begun.replay()) {
-      py::object value = c.decode(replay->value, RecordRef{scope, key});
-      return py::cast(std::make_unique<PyAttempt>(executor, scope_obj, key_obj,
-                                                  PyResult::of(std::move(value), *replay)));
-    }
-    if (const Busy* b = begun.busy()) {
-      *busy = *b;
-      return std::nullopt;
-    }
-    return py::cast(
-        std::make_unique<PyAttempt>(executor, scope_obj, key_obj, c, std::move(*begun.handle())));
+    return answer_object(executor, scope_obj, key_obj, c, std::move(begun));
+  }
+
+  // begin_async(): the first ask, with the GIL released. Its answer when it settles the call
+  // (see answer_object); otherwise a PendingBegin whose notify is called once the wait ends.
+  py::object begin_or_wait(const py::object& scope_obj, const py::object& key_obj, CallOptions call,
+                           const Codec& c, py::object notify) {
+    if (!PyCallable_Check(notify.ptr())) throw py::type_error("notify must be callable");
+    const std::string scope = py::cast<std::string>(scope_obj);
+    const std::string key = py::cast<std::string>(key_obj);
+    auto pending = std::make_unique<PendingBegin>(executor, scope_obj, key_obj, c,
+                                                  SharedObject(std::move(notify)));
+    call.stop_token = pending->stop_token();
+    std::optional<BeginResult<std::string>> first = without_gil([&] {
+      std::optional<BeginResult<std::string>> b =
+          executor->begin_async(scope, key, call, pending->callback());
+      if (b) give_back_if_exiting(*b);
+      return b;
+    });
+    if (!first) return py::cast(std::move(pending));
+    pending->settled();
+    return answer_object(executor, scope_obj, key_obj, c, std::move(*first));
   }
 };
 
@@ -685,6 +842,15 @@ an attempt that was not ended, releases.)doc")
                ", active=" + (a.active() ? "True" : "False") + ")";
       });
 
+  py::class_<PendingBegin>(m, "_PendingBegin",
+                           "A begin_async that waits (Executor._begin_or_wait); not for callers.")
+      .def("answer", &PendingBegin::answer,
+           "The answer, once notify() was called: an Attempt, (lease_remaining, "
+           "lease_expires_at) for a key still busy, or raises what begin() raises.")
+      .def("cancel", &PendingBegin::cancel,
+           "Ends the wait at once; its answer is dropped. Returns the Attempt holding a lease "
+           "that the wait had already acquired (release it), else None.");
+
   py::class_<PyExecutor>(m, "Executor", "The C++ executor; use idem.Executor.")
       .def(py::init<std::shared_ptr<PyStore>, Seconds, OptSeconds, Seconds, Seconds, Seconds,
                     Seconds, std::size_t, Seconds, py::object, py::object>(),
@@ -699,13 +865,9 @@ an attempt that was not ended, releases.)doc")
              const OptSeconds& lease, const OptSeconds& heartbeat, const OptSeconds& ttl,
              const OptSeconds& wait, const std::optional<std::string>& fingerprint,
              const py::object& codec) -> py::object {
-            Busy busy;
-            auto a = self.begin_attempt(scope, key,
-                                        self.call_options(lease, heartbeat, ttl, wait, fingerprint),
-                                        self.codec_for(codec), &busy);
-            if (a) return *a;
-            return py::make_tuple(static_cast<double>(busy.lease_remaining.count()) / 1000.0,
-                                  to_datetime(busy.lease_expires_at));
+            return self.begin_answer(scope, key,
+                                     self.call_options(lease, heartbeat, ttl, wait, fingerprint),
+                                     self.codec_for(codec));
           },
           py::arg("scope"), py::arg("key"), py::kw_only(), py::arg("lease") = py::none(),
           py::arg("heartbeat") = py::none(), py::arg("ttl") = py::none(),
@@ -713,6 +875,25 @@ an attempt that was not ended, releases.)doc")
           py::arg("codec") = py::none(),
           "begin() (idem/_executor.py), answering a busy key with (lease_remaining, "
           "lease_expires_at) instead of raising InProgress.")
+      .def(
+          "_begin_or_wait",
+          [](PyExecutor& self, const py::object& scope, const py::object& key, py::object notify,
+             const OptSeconds& lease, const OptSeconds& heartbeat, const OptSeconds& ttl,
+             const OptSeconds& wait, const std::optional<std::string>& fingerprint,
+             const py::object& codec) -> py::object {
+            return self.begin_or_wait(scope, key,
+                                      self.call_options(lease, heartbeat, ttl, wait, fingerprint),
+                                      self.codec_for(codec), std::move(notify));
+          },
+          py::arg("scope"), py::arg("key"), py::arg("notify"), py::kw_only(),
+          py::arg("lease") = py::none(), py::arg("heartbeat") = py::none(),
+          py::arg("ttl") = py::none(), py::arg("wait") = py::none(),
+          py::arg("fingerprint") = py::none(), py::arg("codec") = py::none(),
+          "begin_async()'s first ask (idem/_executor.py; a store call, with the GIL released): "
+          "_begin's answer when it settles the call, else a _PendingBegin that waits under the "
+          "waiting policy without a thread of the caller's, woken when the owner completes or "
+          "releases, and calls notify() once (on another thread, holding the GIL) when its "
+          "answer() is ready.")
       .def(
           "_in_progress",
           [](PyExecutor&, const py::object& scope, const py::object& key, double remaining,
@@ -738,6 +919,9 @@ an attempt that was not ended, releases.)doc")
       .def_property_readonly(
           "waiting_duplicates",
           [](const PyExecutor& self) { return self.executor->waiting_duplicates(); })
+      .def_property_readonly(
+          "waiting_async", [](const PyExecutor& self) { return self.executor->waiting_async(); },
+          "How many begin_async calls are waiting for a busy key (for tests and metrics).")
       .def_property_readonly("store", [](const PyExecutor& self) { return self.store; })
       .def_property_readonly("codec", [](const PyExecutor& self) { return self.codec.object(); });
 }
