@@ -1,6 +1,7 @@
 // The PostgreSQL store's batcher (src/stores/postgres/postgres_batcher.h) on its own: concurrent
-// callers share batches, never two requests for one record in a batch, a failed batch fails
-// every caller in it, and a caller still queued at its deadline gives up.
+// callers share batches, never two requests for one record in a batch, every caller is answered
+// with batches in flight side by side, a failed batch fails every caller in it, and a caller
+// still queued at its deadline gives up.
 
 #include "stores/postgres/postgres_batcher.h"
 
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <latch>
 #include <mutex>
@@ -75,6 +77,53 @@ TEST(PostgresBatcher, ConcurrentCallersShareBatchesOneRequestPerRecord) {
   }
   EXPECT_EQ(total, static_cast<std::size_t>(kThreads));
   EXPECT_GT(largest, 1u) << "no two callers ever shared a batch";
+}
+
+// A batch's end wakes its own callers and tells one queued caller to run the next batch: the
+// callers come in waves, all at once, so a turn lost on the way leaves the wave's last callers
+// queued with nobody to run them until their deadline.
+TEST(PostgresBatcher, EveryCallerIsAnsweredWithTwoBatchesInFlightAndNoneWaitsOutItsDeadline) {
+  IntBatcher batcher(/*max_batch=*/4, /*max_in_flight=*/2, &id_of);
+  constexpr int kThreads = 32;
+  constexpr int kWaves = 30;
+  std::atomic<int> running{0};
+  std::atomic<int> most_running{0};
+  IntBatcher::Runner run = [&](const std::vector<IntBatcher::Entry*>& batch) {
+    const int now = ++running;
+    int seen = most_running.load();
+    while (now > seen && !most_running.compare_exchange_weak(seen, now)) {
+    }
+    for (auto* e : batch) e->response = e->request->value + 1;
+    std::this_thread::sleep_for(1ms);  // a statement's round trip, so the wave queues
+    --running;
+  };
+  std::barrier wave(kThreads);
+  std::atomic<int> wrong{0};
+  std::atomic<int> timed_out{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kWaves; ++i) {
+        wave.arrive_and_wait();
+        // Eight records among the callers: most batches leave a request for a record already
+        // in them queued for the next.
+        const Req r{"record-" + std::to_string((t + i) % 8), t * kWaves + i};
+        try {
+          if (batcher.submit(r, std::chrono::steady_clock::now() + 3s, "store", 3000ms, run) !=
+              r.value + 1) {
+            ++wrong;
+          }
+        } catch (const StoreUnavailable&) {
+          ++timed_out;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(timed_out.load(), 0) << "a caller waited out its deadline: a batch's turn was lost";
+  EXPECT_LE(most_running.load(), 2);
+  EXPECT_EQ(most_running.load(), 2) << "two batches never ran at once";
 }
 
 TEST(PostgresBatcher, AFailedBatchFailsEveryCallerInIt) {
