@@ -96,15 +96,15 @@ struct PostgresStoreOptions {
   bool check_server = true;
   // SPEC §7: complete, release and forget also send a notification on the table's channel
   // (pg_notify in the same statement, so it is delivered only if the write commits), and
-  // watch() wakes waiters through one LISTEN connection per store object. false: nothing is
-  // sent and watch() returns null (waiters poll). See docs/stores/postgres.md, "Waiting
-  // without polling".
-  bool notify = false;
+  // watch() wakes waiters through one LISTEN connection per store object, made by the first
+  // watch. false: nothing is sent and watch() returns null (waiters poll). See
+  // docs/stores/postgres.md, "Waiting without polling".
+  bool notify = true;
   // A libpq connection string (a URI or key=value pairs) for the listening connection alone:
   // a direct connection to the same database when `conninfo` goes through a transaction
   // pooler, through which LISTEN does not work. Empty: the listener uses `conninfo`, except
   // behind a transaction pooler, where the store then does not listen (watch() returns null,
-  // the notifications are still sent). Only with `notify`.
+  // the notifications are still sent). Refused with `notify` off.
   std::string listen{};
 };
 

@@ -122,7 +122,8 @@ struct PostgresStore::Impl {
     conn_params = parse_conninfo(options.conninfo);
     if (!options.listen.empty()) {
       if (!options.notify) {
-        throw InvalidArgument("listen", "is a connection for notifications: it needs notify=on");
+        throw InvalidArgument("listen",
+                              "is a connection for notifications: it cannot go with notify=off");
       }
       (void)parse_conninfo(options.listen);  // refused now, not when the first waiter comes
     }

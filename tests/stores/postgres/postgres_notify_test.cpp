@@ -262,12 +262,12 @@ TEST_F(PostgresNotify, AWaiterWhoseListenerCannotConnectStillAnswersByPolling) {
               StartsWith("replay first acquires="));
 }
 
-TEST_F(PostgresNotify, NotifyOffOrReadOnlyGivesNoWatchAndABadValueIsRefused) {
+TEST_F(PostgresNotify, NotifyIsOnByDefaultAndOffOrReadOnlyGivesNoWatchAndABadValueIsRefused) {
   {
     PostgresStore owner(options());  // makes the table
     EXPECT_EQ(open_store(url("notify=off"))->watch("mp", "k", [] {}), nullptr);
-    // Off by default.
-    EXPECT_EQ(open_store(with_param(postgres_url(), "table=" + table_))->watch("mp", "k", [] {}),
+    // On by default (SPEC §7: a store that can notify does).
+    EXPECT_NE(open_store(with_param(postgres_url(), "table=" + table_))->watch("mp", "k", [] {}),
               nullptr);
     EXPECT_EQ(open_store(url(), OpenOptions{.read_only = true})->watch("mp", "k", [] {}), nullptr);
   }
@@ -278,10 +278,10 @@ TEST_F(PostgresNotify, NotifyOffOrReadOnlyGivesNoWatchAndABadValueIsRefused) {
     EXPECT_THAT(e.what(), HasSubstr("'notify' must be 'on' or 'off', got '1'"));
   }
   try {
-    (void)open_store(url("listen=postgresql://127.0.0.1/db"));
-    ADD_FAILURE() << "listen= without notify=on was taken";
+    (void)open_store(url("notify=off&listen=postgresql://127.0.0.1/db"));
+    ADD_FAILURE() << "listen= with notify=off was taken";
   } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("notify=on"));
+    EXPECT_THAT(e.what(), HasSubstr("notify=off"));
   }
   EXPECT_THROW(open_store(url("notify=on&listen=nonsense")), InvalidArgument);
 }
