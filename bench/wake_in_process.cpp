@@ -25,15 +25,13 @@
 
 #include "idem/executor.h"
 #include "idem/open_store.h"
+#include "percentile.h"
 
 namespace {
 
 using namespace std::chrono_literals;
 
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
-}
+using idem::bench::percentile;
 
 const idem::WaitPolicy kOnlyAWake{.max_wait = 1h, .initial_backoff = 1h, .max_backoff = 1h};
 

@@ -30,6 +30,7 @@
 
 #include "idem/executor.h"
 #include "idem/open_store.h"
+#include "percentile.h"
 
 namespace {
 
@@ -103,10 +104,7 @@ void start(Mode& m, const std::string& url, const std::string& prefix) {
   m.from = up[0];
 }
 
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1))];
-}
+using idem::bench::percentile;
 
 }  // namespace
 

@@ -342,10 +342,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         }
         if (closing()) throw shut_down_error();
         const auto until = w.bound();
-        if (SteadyClock::now() >= until || call.stop.stop_requested()) {
-          return settle_busy(w, busy_of(leader, SteadyClock::now()));
-        }
-        w.last = busy_of(leader, SteadyClock::now());
+        const auto now = SteadyClock::now();
+        if (now >= until || call.stop.stop_requested()) return settle_busy(w, busy_of(leader, now));
+        w.last = busy_of(leader, now);
         // Its watch wakes this wait when it finishes.
         return until;
       }
