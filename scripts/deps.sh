@@ -14,7 +14,7 @@ IDEM_PACKAGES=(
   openssl  # certificates for the Redis TLS tests (scripts/servers.sh, idem_make_tls_certs)
   libsystemd-dev systemd python3-yaml  # idem proxy: sd_notify; its deployment examples' tests
   util-linux bsdutils  # setpriv and script, for the idem tool's tests
-  clang-14 libfuzzer-14-dev  # the fuzzers (scripts/fuzz.sh)
+  clang-14 libfuzzer-14-dev  # the ASan+UBSan build (scripts/test.sh) and the fuzzers (scripts/fuzz.sh)
   clang-format-14 clang-tidy-14  # scripts/check_format.sh, scripts/tidy.sh
   # the Python package (python/, docs/python.md) and its tests
   python3-dev pybind11-dev python3-pybind11 python3-setuptools python3-wheel python3-pip
