@@ -2,12 +2,13 @@
 # Builds and runs every test: a release build (tests, examples, benchmark smoke runs, the
 # install test, and the store suites against real PostgreSQL (directly and behind PgBouncer)
 # and Redis servers that this script starts on loopback and stops at the end), the crash
-# soak on every store (release only, one store after another, under a minute each), then the tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer, then the
-# libFuzzer fuzzers for a bounded time (scripts/fuzz.sh). Hygiene is part of it: every C++
+# soak on every store (release only, one store after another, under a minute each), then
+# the tests again under AddressSanitizer + UndefinedBehaviorSanitizer (clang) and under
+# ThreadSanitizer (GCC), then the libFuzzer fuzzers for a bounded time (scripts/fuzz.sh;
+# built at the lowest priority beside the stages before). Hygiene is part of it: every C++
 # file is clang-format clean (scripts/check_format.sh), the builds treat warnings in idem's
 # own code as errors (IDEM_WERROR), and clang-tidy's checks (.clang-tidy, scripts/tidy.sh)
-# run over the release build's sources. Prints the time each stage took.
+# run over the release build's sources, beside its tests. Prints the time each stage took.
 # IDEM_TSAN=0 skips the ThreadSanitizer build; IDEM_FUZZ_SECONDS sets the time per fuzzer
 # (default 20 in this script; 0 skips fuzzing).
 # Usage: bash scripts/test.sh
@@ -57,6 +58,30 @@ idem_start_redis_sentinel
 idem_start_redis_cluster
 stage_done "start PostgreSQL, PgBouncer and Redis"
 
+# Work at the lowest priority beside the test stages (clang-tidy, the fuzzers' build): the
+# tests spend much of their time waiting on servers and timers, and take the CPU back
+# whenever they want it. Each is waited for where its result is needed; what it still had
+# to do then is reported as a stage of its own.
+declare -A beside_pid beside_log
+beside_start() {
+  local name=$1 log=$2; shift 2
+  (
+    t0=$SECONDS
+    if nice -n 19 "$@" >"$log" 2>&1; then rc=0; else rc=$?; fi
+    echo "$name ran for $((SECONDS - t0)) s beside the other stages" >>"$log"
+    exit "$rc"
+  ) &
+  beside_pid[$name]=$!
+  beside_log[$name]=$log
+}
+beside_wait() {
+  local name=$1 rc=0
+  wait "${beside_pid[$name]}" || rc=$?
+  cat "${beside_log[$name]}"
+  stage_done "$name (its rest, waited for)"
+  return "$rc"
+}
+
 build_and_test() {
   local name=$1 dir=$2; shift 2
   echo "== configure $dir $*"
@@ -65,31 +90,22 @@ build_and_test() {
   echo "== build $dir"
   cmake --build "$dir" -j "$jobs"
   stage_done "$name: build"
-  # clang-tidy over the release build's sources, at the lowest priority beside its tests:
-  # the tests spend much of their time waiting on servers and timers, and take the CPU back
-  # whenever they want it. Its own time is reported when it is waited for.
-  local tidy_pid=
   if [[ $name == release ]]; then
-    local tidy_log=$dir/tidy.log
-    (
-      t0=$SECONDS
-      if nice -n 19 bash scripts/tidy.sh "$dir" >"$tidy_log" 2>&1; then rc=0; else rc=$?; fi
-      echo "tidy ran for $((SECONDS - t0)) s" >>"$tidy_log"
-      exit "$rc"
-    ) &
-    tidy_pid=$!
+    # clang-tidy over the release build's sources, beside its tests.
+    beside_start "release: clang-tidy" "$dir/tidy.log" bash scripts/tidy.sh "$dir"
+    # The fuzzers' build of their own (clang, coverage, ASan+UBSan), from here on beside
+    # every later stage: 164 s of both cores as a stage of its own in the last CI run.
+    if [[ "${IDEM_FUZZ_SECONDS:-20}" != 0 ]]; then
+      beside_start "fuzz: build" build/fuzz-build.log bash scripts/fuzz.sh --build-only
+    fi
   fi
   echo "== test $dir"
   # The crash soak (label `soak`, release build only) runs alone afterwards: it loads the
   # machine on purpose and kills servers of its own.
   ctest --test-dir "$dir" -j "$jobs" --output-on-failure --timeout 600 -LE soak
   stage_done "$name: test"
-  if [[ -n $tidy_pid ]]; then
-    local tidy_rc=0
-    wait "$tidy_pid" || tidy_rc=$?
-    cat "$dir/tidy.log"
-    stage_done "$name: clang-tidy (its rest, after the tests)"
-    ((tidy_rc == 0)) || return "$tidy_rc"
+  if [[ $name == release ]]; then
+    beside_wait "release: clang-tidy"
   fi
 }
 
@@ -130,8 +146,7 @@ if [[ "${IDEM_TSAN:-1}" != 0 ]]; then
     -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF -DIDEM_CLI_TESTS=OFF
 fi
 if [[ "${IDEM_FUZZ_SECONDS:-20}" != 0 ]]; then
-  bash scripts/fuzz.sh --build-only
-  stage_done "fuzz: build"
+  beside_wait "fuzz: build"
   bash scripts/fuzz.sh "${IDEM_FUZZ_SECONDS:-20}"
   stage_done "fuzz: run"
 fi
