@@ -117,10 +117,12 @@ struct RedisStats {
   std::uint64_t script_reloads = 0;
   // Calls waiting right now for their connection's next round trip.
   std::size_t queued = 0;
-  // Sentinel: failovers of the service announced by +switch-master, each of which moved
-  // the store's connections to the new primary (docs/stores/redis.md, "Sentinel").
+  // Sentinel: failovers of the service that moved the store's connections to the new
+  // primary: each +switch-master, and each failover the store found by asking a sentinel
+  // after it subscribed (docs/stores/redis.md, "Sentinel").
   std::uint64_t primary_switches = 0;
-  // Sentinel: whether the store is subscribed to +switch-master on a sentinel right now.
+  // Sentinel: whether the store is subscribed to +switch-master on a sentinel right now,
+  // and has asked it for the primary since.
   bool switch_events = false;
   // Whether the store publishes and can watch (RedisStoreOptions::notify, after the check
   // at open).

@@ -259,6 +259,27 @@ std::string link_read(Link& l, Reply& out, Duration timeout) {
   }
 }
 
+// Sentinel: reads a sentinel's answer to SENTINEL get-master-addr-by-name <service> into
+// host and port; empty, or why it names none.
+std::string primary_in_reply(const redisReply& r, const std::string& service, std::string& host,
+                             int& port) {
+  if (r.type == REDIS_REPLY_ARRAY && r.elements == 2 && r.element[0]->type == REDIS_REPLY_STRING &&
+      r.element[1]->type == REDIS_REPLY_STRING) {
+    const std::string_view port_text = reply_text(*r.element[1]);
+    int value = 0;
+    const auto [end, ec] =
+        std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+    if (ec == std::errc{} && end == port_text.data() + port_text.size() && value > 0) {
+      host = std::string(reply_text(*r.element[0]));
+      port = value;
+      return {};
+    }
+  }
+  if (r.type == REDIS_REPLY_NIL) return "monitors no service named \"" + service + "\"";
+  if (r.type == REDIS_REPLY_ERROR) return explain_server_error(reply_text(r));
+  return "unexpected reply";
+}
+
 // Sentinel: asks each sentinel in turn for the address of the service's primary
 // (SENTINEL get-master-addr-by-name); the first answer wins.
 std::string ask_sentinels(const ConnectionSettings& s, std::string& host, int& port) {
@@ -280,25 +301,9 @@ std::string ask_sentinels(const ConnectionSettings& s, std::string& host, int& p
       failures += at + ": " + context_error(c.get(), s.connect_timeout);
       continue;
     }
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING) {
-      const std::string_view port_text = reply_text(*r->element[1]);
-      int value = 0;
-      const auto [end, ec] =
-          std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
-      if (ec == std::errc{} && end == port_text.data() + port_text.size()) {
-        host = std::string(reply_text(*r->element[0]));
-        port = value;
-        return {};
-      }
-    }
-    if (r->type == REDIS_REPLY_NIL) {
-      failures += at + ": monitors no service named \"" + s.sentinel_service + "\"";
-    } else if (r->type == REDIS_REPLY_ERROR) {
-      failures += at + ": " + explain_server_error(reply_text(*r));
-    } else {
-      failures += at + ": unexpected reply";
-    }
+    const std::string why = primary_in_reply(*r, s.sentinel_service, host, port);
+    if (why.empty()) return {};
+    failures += at + ": " + why;
   }
   return "no sentinel named a primary for \"" + s.sentinel_service + "\" (" + failures + ")";
 }
@@ -775,6 +780,11 @@ void Connection::round_trip_ended(const std::string& error) {
   }
 }
 
+bool Connection::up_elsewhere(const std::string& address) const {
+  std::lock_guard lock(mu_);
+  return ctx_ && !moving_ && ctx_->address != address;
+}
+
 void Connection::move_to(const std::string& address) {
   {
     std::lock_guard lock(mu_);
@@ -935,11 +945,28 @@ struct FdCloser {
   }
 };
 
+// Reads what a sentinel's socket has into the reader; empty, or why the connection ended.
+std::string receive(int fd, redisReader& reader) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t got = ::recv(fd, buf, sizeof buf, 0);
+    if (got == 0) return "the sentinel closed the connection";
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return {};
+      return "cannot read from the sentinel: " + errno_text(errno);
+    }
+    if (redisReaderFeed(&reader, buf, static_cast<std::size_t>(got)) != REDIS_OK) {
+      return "protocol error";
+    }
+    return {};
+  }
+}
+
 }  // namespace
 
-SentinelWatch::SentinelWatch(const ConnectionSettings& settings,
-                             std::function<void(const std::string&, int)> on_switch)
-    : settings_(settings), on_switch_(std::move(on_switch)) {
+SentinelWatch::SentinelWatch(const ConnectionSettings& settings, OnPrimary on_primary)
+    : settings_(settings), on_primary_(std::move(on_primary)) {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   thread_ = std::thread([this] { loop(); });
@@ -989,7 +1016,7 @@ void SentinelWatch::loop() {
   }
 }
 
-std::string SentinelWatch::watch(const std::string& host, int port, bool& subscribed_once) {
+std::string SentinelWatch::dial(const std::string& host, int port, int& sock) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -999,18 +1026,51 @@ std::string SentinelWatch::watch(const std::string& host, int port, bool& subscr
     return std::string("cannot resolve the sentinel: ") + gai_strerror(rc);
   }
   const std::unique_ptr<addrinfo, AddrinfoDeleter> addresses(found);
-  const FdCloser sock{
-      ::socket(found->ai_family, found->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)};
-  if (sock.fd < 0) return "cannot open a socket: " + errno_text(errno);
-  if (::connect(sock.fd, found->ai_addr, found->ai_addrlen) != 0) {
+  sock = ::socket(found->ai_family, found->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (sock < 0) return "cannot open a socket: " + errno_text(errno);
+  if (::connect(sock, found->ai_addr, found->ai_addrlen) != 0) {
     if (errno != EINPROGRESS) return "cannot connect: " + errno_text(errno);
-    if (!wait_for(sock.fd, POLLOUT, settings_.connect_timeout)) return "cannot connect";
+    if (!wait_for(sock, POLLOUT, settings_.connect_timeout)) return "cannot connect";
     int err = 0;
     socklen_t len = sizeof err;
-    if (::getsockopt(sock.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+    if (::getsockopt(sock, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
       return "cannot connect: " + errno_text(err);
     }
   }
+  return {};
+}
+
+std::string SentinelWatch::ask(const std::string& host, int port, std::string& primary_host,
+                               int& primary_port) {
+  FdCloser sock{-1};
+  if (std::string e = dial(host, port, sock.fd); !e.empty()) return e;
+  std::string command;
+  CommandWriter(command)
+      .begin(3)
+      .arg("SENTINEL")
+      .arg("get-master-addr-by-name")
+      .arg(settings_.sentinel_service);
+  std::vector<iovec> iov{{command.data(), command.size()}};
+  if (std::string e = send_all(sock.fd, iov, settings_.connect_timeout); !e.empty()) return e;
+  const std::unique_ptr<redisReader, ReaderDeleter> reader(redisReaderCreate());
+  if (!reader) return "out of memory";
+  const auto answer_by = SteadyClock::now() + settings_.connect_timeout;
+  for (;;) {
+    if (!wait_for(sock.fd, POLLIN, std::chrono::ceil<Duration>(answer_by - SteadyClock::now()))) {
+      return "the sentinel did not name the primary within " + ms(settings_.connect_timeout);
+    }
+    if (std::string e = receive(sock.fd, *reader); !e.empty()) return e;
+    void* raw = nullptr;
+    if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) return "protocol error";
+    if (raw == nullptr) continue;
+    const Reply r(static_cast<redisReply*>(raw));
+    return primary_in_reply(*r, settings_.sentinel_service, primary_host, primary_port);
+  }
+}
+
+std::string SentinelWatch::watch(const std::string& host, int port, bool& subscribed_once) {
+  FdCloser sock{-1};
+  if (std::string e = dial(host, port, sock.fd); !e.empty()) return e;
   std::string subscribe;
   CommandWriter(subscribe).begin(2).arg("SUBSCRIBE").arg("+switch-master");
   std::string ping;
@@ -1026,7 +1086,6 @@ std::string SentinelWatch::watch(const std::string& host, int port, bool& subscr
   auto answer_by = SteadyClock::now() + settings_.connect_timeout;
   bool waiting = true;
   auto next_ping = SteadyClock::now();
-  char buf[4096];
   while (!stop_.load()) {
     const auto now = SteadyClock::now();
     if (waiting && now >= answer_by) {
@@ -1042,15 +1101,7 @@ std::string SentinelWatch::watch(const std::string& host, int port, bool& subscr
                   std::chrono::ceil<Duration>(until - SteadyClock::now()) + Duration{1})) {
       continue;
     }
-    const ssize_t got = ::recv(sock.fd, buf, sizeof buf, 0);
-    if (got == 0) return "the sentinel closed the connection";
-    if (got < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return "cannot read from the sentinel: " + errno_text(errno);
-    }
-    if (redisReaderFeed(reader.get(), buf, static_cast<std::size_t>(got)) != REDIS_OK) {
-      return "protocol error";
-    }
+    if (std::string e = receive(sock.fd, *reader); !e.empty()) return e;
     for (;;) {
       void* raw = nullptr;
       if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) return "protocol error";
@@ -1058,7 +1109,20 @@ std::string SentinelWatch::watch(const std::string& host, int port, bool& subscr
       const Reply r(static_cast<redisReply*>(raw));
       if (r->type == REDIS_REPLY_ERROR)
         return "the sentinel answered " + std::string(reply_text(*r));
-      handle(*r, subscribed_once);
+      if (handle(*r)) {
+        // Subscribed: a failover before now sent its event to nobody, so ask which server
+        // is the primary. Events from here on wait in the socket and come after the answer.
+        std::string primary_host;
+        int primary_port = 0;
+        if (std::string e = ask(host, port, primary_host, primary_port); !e.empty()) {
+          return "cannot ask for the primary: " + e;
+        }
+        if (on_primary_(primary_host, primary_port, false)) {
+          switches_.fetch_add(1, std::memory_order_relaxed);
+        }
+        subscribed_once = true;
+        subscribed_.store(true, std::memory_order_relaxed);
+      }
       waiting = false;
       next_ping = SteadyClock::now() + kWatchPingEvery;
     }
@@ -1066,18 +1130,16 @@ std::string SentinelWatch::watch(const std::string& host, int port, bool& subscr
   return {};
 }
 
-void SentinelWatch::handle(const redisReply& r, bool& subscribed_once) {
+bool SentinelWatch::handle(const redisReply& r) {
   // ["subscribe", channel, count], ["message", channel, text] or ["pong", ""].
   if (r.type != REDIS_REPLY_ARRAY || r.elements < 2 || r.element[0]->type != REDIS_REPLY_STRING) {
-    return;
+    return false;
   }
   const std::string_view kind = reply_text(*r.element[0]);
-  if (kind == "subscribe") {
-    subscribed_once = true;
-    subscribed_.store(true, std::memory_order_relaxed);
-    return;
+  if (kind == "subscribe") return true;
+  if (kind != "message" || r.elements != 3 || r.element[2]->type != REDIS_REPLY_STRING) {
+    return false;
   }
-  if (kind != "message" || r.elements != 3 || r.element[2]->type != REDIS_REPLY_STRING) return;
   // "<service> <old ip> <old port> <new ip> <new port>"
   std::vector<std::string_view> words;
   std::string_view text = reply_text(*r.element[2]);
@@ -1086,12 +1148,14 @@ void SentinelWatch::handle(const redisReply& r, bool& subscribed_once) {
     words.push_back(text.substr(0, space));
     text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
   }
-  if (words.size() != 5 || words[0] != settings_.sentinel_service) return;
+  if (words.size() != 5 || words[0] != settings_.sentinel_service) return false;
   int port = 0;
   const auto [end, ec] = std::from_chars(words[4].data(), words[4].data() + words[4].size(), port);
-  if (ec != std::errc{} || end != words[4].data() + words[4].size() || port <= 0) return;
-  on_switch_(std::string(words[3]), port);
-  switches_.fetch_add(1, std::memory_order_relaxed);
+  if (ec != std::errc{} || end != words[4].data() + words[4].size() || port <= 0) return false;
+  if (on_primary_(std::string(words[3]), port, true)) {
+    switches_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return false;
 }
 
 // --- Pool ---------------------------------------------------------------------------------
@@ -1114,17 +1178,32 @@ void Pool::connect(ScriptShas* shas) {
   for (auto& c : connections_) c->start();
   if (settings_.sentinels.empty()) return;
   try {
-    watch_ = std::make_unique<SentinelWatch>(settings_, [this](const std::string& host, int port) {
-      // First the address, so that a connection opened from now on goes there.
-      settings_.switched->set(host, port);
-      const std::string address = host + ":" + std::to_string(port);
-      for (auto& c : connections_) c->move_to(address);
-      std::lock_guard lock(switch_mu_);
-      if (switch_listener_) switch_listener_(address);
-    });
+    watch_ = std::make_unique<SentinelWatch>(
+        settings_, [this](const std::string& host, int port, bool announced) {
+          return follow(host, port, announced);
+        });
   } catch (const std::system_error& e) {
     throw StoreUnavailable(store_name_, std::string("cannot watch the sentinels: ") + e.what());
   }
+}
+
+bool Pool::follow(const std::string& host, int port, bool announced) {
+  const std::string address = host + ":" + std::to_string(port);
+  if (!announced) {
+    // An answer: a move only when the last event named another server, or a connection
+    // is up on one.
+    std::uint64_t generation = 0;
+    const auto [switched_host, switched_port] = settings_.switched->get(generation);
+    bool elsewhere = !switched_host.empty() && (switched_host != host || switched_port != port);
+    for (const auto& c : connections_) elsewhere = elsewhere || c->up_elsewhere(address);
+    if (!elsewhere) return false;
+  }
+  // First the address, so that a connection opened from now on goes there.
+  settings_.switched->set(host, port);
+  for (auto& c : connections_) c->move_to(address);
+  std::lock_guard lock(switch_mu_);
+  if (switch_listener_) switch_listener_(address);
+  return true;
 }
 
 void Pool::on_switch(std::function<void(const std::string&)> listener) {

@@ -182,8 +182,8 @@ struct ConnectionStats {
   std::uint64_t commands = 0;
   std::uint64_t reconnects = 0;
   std::size_t queued = 0;
-  std::uint64_t primary_switches = 0;  // Sentinel: +switch-master events for the service
-  bool switch_events = false;          // Sentinel: subscribed to +switch-master right now
+  std::uint64_t primary_switches = 0;  // Sentinel: moves to a new primary (SentinelWatch)
+  bool switch_events = false;          // Sentinel: following the sentinels right now
 };
 
 class Connection {
@@ -208,6 +208,8 @@ class Connection {
   // dropped (at once, or after the round trip in flight) and opened to the new primary,
   // and calls queue meanwhile instead of failing.
   void move_to(const std::string& address);
+  // Sentinel: up, and on a server other than `address`.
+  bool up_elsewhere(const std::string& address) const;
 
   // Whether the connection is established right now.
   bool up() const noexcept { return up_.load(std::memory_order_acquire); }
@@ -253,31 +255,42 @@ class Connection {
 };
 
 // Sentinel: one thread subscribed to +switch-master on the first sentinel that answers
-// (the next one when it dies or stops answering PING, with backoff), calling
-// on_switch(host, port) for each event about `settings.sentinel_service`. Its sockets never
-// block: the destructor wakes it at once (an eventfd), whatever the sentinel does.
+// (the next one when it dies or stops answering PING, with backoff). Each event about
+// `settings.sentinel_service` calls on_primary(host, port, true). Once each subscription is
+// confirmed it asks that sentinel which server is the primary and calls
+// on_primary(host, port, false): a failover before the subscription (while the store
+// opened, or while the watch moved between sentinels) sent its event to nobody.
+// on_primary returns whether it moved anything. Its sockets never block: the destructor
+// wakes it at once (an eventfd), whatever the sentinel does.
 class SentinelWatch {
  public:
-  SentinelWatch(const ConnectionSettings& settings,
-                std::function<void(const std::string&, int)> on_switch);
+  using OnPrimary = std::function<bool(const std::string& host, int port, bool announced)>;
+  SentinelWatch(const ConnectionSettings& settings, OnPrimary on_primary);
   ~SentinelWatch();
   SentinelWatch(const SentinelWatch&) = delete;
   SentinelWatch& operator=(const SentinelWatch&) = delete;
 
+  // The moves: each +switch-master event, and each answer that found the pool elsewhere.
   std::uint64_t switches() const noexcept { return switches_.load(std::memory_order_relaxed); }
+  // Subscribed, and the primary asked for since.
   bool subscribed() const noexcept { return subscribed_.load(std::memory_order_relaxed); }
 
  private:
   void loop();
   // Watches through one sentinel until it fails or the watch stops; returns why it ended
-  // and sets `subscribed_once` when the subscription was confirmed.
+  // and sets `subscribed_once` when the subscription was confirmed and the primary asked.
   std::string watch(const std::string& host, int port, bool& subscribed_once);
+  // Opens a non-blocking connection to the sentinel into `sock`; empty, or why not.
+  std::string dial(const std::string& host, int port, int& sock);
+  // Asks the sentinel (a connection of its own) for the service's primary.
+  std::string ask(const std::string& host, int port, std::string& primary_host, int& primary_port);
   // Waits until `fd` is ready for `events`, the timeout passes (false) or stop (false).
   bool wait_for(int fd, short events, Duration timeout);
-  void handle(const redisReply& r, bool& subscribed_once);
+  // True when `r` confirms the subscription.
+  bool handle(const redisReply& r);
 
   const ConnectionSettings& settings_;
-  std::function<void(const std::string&, int)> on_switch_;
+  OnPrimary on_primary_;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<bool> subscribed_{false};
@@ -302,12 +315,18 @@ class Pool {
   const std::string& store_name() const noexcept { return store_name_; }
   // The settings its connections use (behind Sentinel, with the pool's SwitchedPrimary).
   const ConnectionSettings& settings() const noexcept { return settings_; }
-  // Sentinel: `listener(address)` runs on the watch's thread after each +switch-master for
-  // the service has moved the connections (the subscriber follows the primary too). It must
-  // return quickly. Empty: none.
+  // Sentinel: `listener(address)` runs on the watch's thread after each move of the
+  // connections (a +switch-master for the service, or a sentinel's answer that found them
+  // elsewhere), so the subscriber follows the primary too. It must return quickly. Empty:
+  // none.
   void on_switch(std::function<void(const std::string&)> listener);
 
  private:
+  // Sentinel: `host:port` is the primary, as an event announced it or a sentinel answered.
+  // An announcement always moves the connections (those already there stay); an answer
+  // only when something is elsewhere. Returns whether it moved them.
+  bool follow(const std::string& host, int port, bool announced);
+
   ConnectionSettings settings_;
   std::string store_name_;
   std::mutex switch_mu_;

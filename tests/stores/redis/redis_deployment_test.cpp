@@ -374,6 +374,59 @@ TEST_F(PrivateRedisTest, AFailoverLosesNothingReportedRecordedAndRunsNothingTwic
             << " callers told \"may or may not\", whose keys ran again after it\n";
 }
 
+// Behind Sentinel, a failover the store got no +switch-master for (it happened while the
+// store opened, or while its watch moved between sentinels): once subscribed again, the
+// store asks the sentinel which server is the primary and moves there, rather than writing
+// on the old primary until it is made a replica (writes that are then lost). Made without
+// any event: the sentinel is told to monitor another server (SENTINEL REMOVE and MONITOR
+// publish no +switch-master), then the store's subscription is cut (CLIENT KILL TYPE
+// pubsub). Its own servers and sentinel: the shared ones must not be reconfigured.
+TEST_F(PrivateRedisTest, AFailoverNoEventToldOfIsFoundByAskingTheSentinelOnceSubscribed) {
+  PrivateRedis old_primary;
+  PrivateRedis new_primary;
+  ASSERT_TRUE(old_primary.ok() && new_primary.ok());
+  PrivateRedis sentinel({"--sentinel"}, {},
+                        "sentinel monitor quiet 127.0.0.1 " + std::to_string(old_primary.port()) +
+                            " 1\n"
+                            "sentinel down-after-milliseconds quiet 60000\n");
+  ASSERT_TRUE(sentinel.ok());
+  const std::string prefix = fresh_prefix("sentinel-quiet");
+  auto opened = open_store("redis+sentinel://127.0.0.1:" + std::to_string(sentinel.port()) +
+                           "/quiet?connections=2&prefix=" + prefix);
+  auto& store = dynamic_cast<RedisStore&>(*opened);
+  ASSERT_TRUE(eventually([&] { return store.stats().switch_events; }));
+  const std::uint64_t switches = store.stats().primary_switches;
+  EXPECT_EQ(switches, 0U) << "asking moved a store that was on the primary";
+  auto record = [&](const std::string& key) {
+    const AcquireResult r = store.acquire("s", key, 5000ms, 60000ms);
+    ASSERT_TRUE(std::holds_alternative<Acquired>(r)) << key;
+    EXPECT_EQ(store.complete("s", key, std::get<Acquired>(r).lease.token, "v", 60000ms),
+              WriteResult::kDone);
+  };
+  record("before");
+  RawRedis old_raw(old_primary.port());
+  RawRedis new_raw(new_primary.port());
+  EXPECT_EQ(old_raw.integer({"EXISTS", redis::record_key(prefix, "s", "before")}), 1);
+
+  RawRedis ask(sentinel.port());
+  ASSERT_EQ(ask.text({"SENTINEL", "REMOVE", "quiet"}), "OK");
+  ASSERT_EQ(ask.text({"SENTINEL", "MONITOR", "quiet", "127.0.0.1",
+                      std::to_string(new_primary.port()), "1"}),
+            "OK");
+  EXPECT_GE(ask.integer({"CLIENT", "KILL", "TYPE", "pubsub"}), 1) << "the watch was not there";
+  ASSERT_TRUE(eventually([&] { return store.stats().primary_switches > switches; }))
+      << "the store stayed on the old primary";
+  // The old primary still takes writes (nobody made it a replica): only asking moved the
+  // store, and every call from now on lands on the new one.
+  for (int i = 0; i < 4; ++i) {
+    const std::string key = "after-" + std::to_string(i);
+    record(key);
+    EXPECT_EQ(new_raw.integer({"EXISTS", redis::record_key(prefix, "s", key)}), 1) << key;
+    EXPECT_EQ(old_raw.integer({"EXISTS", redis::record_key(prefix, "s", key)}), 0) << key;
+  }
+  EXPECT_TRUE(store.stats().switch_events);
+}
+
 // --- 2. eviction -----------------------------------------------------------------------
 
 TEST_F(PrivateRedisTest, EvictingMemoryPoliciesAreRefusedUnlessTheUrlAcceptsTheRisk) {

@@ -319,9 +319,11 @@ TEST_F(RedisWakePrivate, TheSubscriptionFollowsASentinelFailover) {
     return replicas && replicas->type == REDIS_REPLY_ARRAY && replicas->elements == 1 &&
            info.find("state=online") != std::string::npos;
   }));
-  const std::string url = "redis+sentinel://127.0.0.1:" + std::to_string(sentinel.port()) +
-                          "/wake?prefix=" + fresh_prefix("wake-failover");
-  auto owner = open_store(url);
+  const std::string prefix = fresh_prefix("wake-failover");
+  const std::string url =
+      "redis+sentinel://127.0.0.1:" + std::to_string(sentinel.port()) + "/wake?prefix=" + prefix;
+  auto owner_store = open_store(url);
+  auto& owner = dynamic_cast<RedisStore&>(*owner_store);
   auto waiter_store = open_store(url);
   auto& waiter = dynamic_cast<RedisStore&>(*waiter_store);
   std::atomic<int> woken{0};
@@ -332,6 +334,9 @@ TEST_F(RedisWakePrivate, TheSubscriptionFollowsASentinelFailover) {
     RawRedis old_primary(first.port());
     ASSERT_EQ(clients_named(old_primary, subscriber_name()).size(), 1U);
   }
+  // Both stores follow the sentinel before the failover, so both hear of it.
+  ASSERT_TRUE(
+      eventually([&] { return owner.stats().switch_events && waiter.stats().switch_events; }));
 
   ASSERT_EQ(ask.text({"SENTINEL", "FAILOVER", "wake"}), "OK");
   // A connection of its own each time: the sentinel kills the clients of the servers it
@@ -342,19 +347,29 @@ TEST_F(RedisWakePrivate, TheSubscriptionFollowsASentinelFailover) {
     return s.primary_switches >= 1 && s.subscriber_reconnects >= 1 && s.subscribed_channels == 1 &&
            clients_named(new_primary, subscriber_name()).size() == 1;
   }));
-  // The owner's connections follow the failover too; its first calls may still meet it.
+  // The owner's connections follow the failover too, on its own watch's thread: until they
+  // have, its writes would still go to the old primary, which takes them until the sentinel
+  // makes it a replica, and publish there. Its first calls after may still meet the
+  // failover.
+  ASSERT_TRUE(eventually([&] { return owner.stats().primary_switches >= 1; }));
   Token token = 0;
   ASSERT_TRUE(eventually([&] {
     try {
-      token = hold(*owner, "job");
+      token = hold(owner, "job");
       return token != 0;
     } catch (const StoreUnavailable&) {
       return false;
     }
   }));
   const int before = woken.load();
-  ASSERT_EQ(owner->complete("mp", "job", token, "done", 1h), WriteResult::kDone);
-  EXPECT_TRUE(eventually([&] { return woken.load() > before; }));
+  ASSERT_EQ(owner.complete("mp", "job", token, "done", 1h), WriteResult::kDone);
+  if (!eventually([&] { return woken.load() > before; })) {
+    RawRedis new_primary(second.port());
+    ADD_FAILURE() << "no wake; the record on the new primary: "
+                  << new_primary.integer({"EXISTS", redis::record_key(prefix, "mp", "job")})
+                  << ", the waiter's subscriber on it: "
+                  << clients_named(new_primary, subscriber_name()).size();
+  }
 }
 
 TEST_F(RedisWakePrivate, AnAclUserWithoutPublishRightsPollsAndStaysCorrect) {
