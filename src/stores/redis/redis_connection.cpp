@@ -945,6 +945,29 @@ struct FdCloser {
   }
 };
 
+// Reads the configuration epoch from a sentinel's answer to SENTINEL MASTER <service>
+// (field names and values, one after the other); empty, or why there is none.
+std::string epoch_in_master_reply(const redisReply& r, const std::string& service,
+                                  std::int64_t& epoch) {
+  if (r.type == REDIS_REPLY_ERROR) {
+    const std::string_view text = reply_text(r);
+    if (text.find("No such master") != std::string_view::npos) {
+      return "monitors no service named \"" + service + "\"";
+    }
+    return explain_server_error(text);
+  }
+  for (std::size_t i = 0; r.type == REDIS_REPLY_ARRAY && i + 1 < r.elements; i += 2) {
+    if (r.element[i]->type != REDIS_REPLY_STRING || r.element[i + 1]->type != REDIS_REPLY_STRING ||
+        reply_text(*r.element[i]) != "config-epoch") {
+      continue;
+    }
+    const std::string_view text = reply_text(*r.element[i + 1]);
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), epoch);
+    if (ec == std::errc{} && end == text.data() + text.size()) return {};
+  }
+  return "unexpected reply (no config-epoch)";
+}
+
 // Reads what a sentinel's socket has into the reader; empty, or why the connection ended.
 std::string receive(int fd, redisReader& reader) {
   char buf[4096];
@@ -1041,31 +1064,43 @@ std::string SentinelWatch::dial(const std::string& host, int port, int& sock) {
 }
 
 std::string SentinelWatch::ask(const std::string& host, int port, std::string& primary_host,
-                               int& primary_port) {
+                               int& primary_port, std::int64_t& epoch) {
   FdCloser sock{-1};
   if (std::string e = dial(host, port, sock.fd); !e.empty()) return e;
-  std::string command;
-  CommandWriter(command)
+  // Both questions in one write, answered in one pass of the sentinel's loop. The epoch
+  // first: it is never newer than the address's. The address from get-master-addr-by-name,
+  // which names the promoted replica as soon as it is one; SENTINEL MASTER names the old
+  // primary until the switch.
+  std::string commands;
+  CommandWriter(commands).begin(3).arg("SENTINEL").arg("MASTER").arg(settings_.sentinel_service);
+  CommandWriter(commands)
       .begin(3)
       .arg("SENTINEL")
       .arg("get-master-addr-by-name")
       .arg(settings_.sentinel_service);
-  std::vector<iovec> iov{{command.data(), command.size()}};
+  std::vector<iovec> iov{{commands.data(), commands.size()}};
   if (std::string e = send_all(sock.fd, iov, settings_.connect_timeout); !e.empty()) return e;
   const std::unique_ptr<redisReader, ReaderDeleter> reader(redisReaderCreate());
   if (!reader) return "out of memory";
   const auto answer_by = SteadyClock::now() + settings_.connect_timeout;
-  for (;;) {
+  std::vector<Reply> replies;
+  while (replies.size() < 2) {
+    void* raw = nullptr;
+    if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) return "protocol error";
+    if (raw != nullptr) {
+      replies.emplace_back(static_cast<redisReply*>(raw));
+      continue;
+    }
     if (!wait_for(sock.fd, POLLIN, std::chrono::ceil<Duration>(answer_by - SteadyClock::now()))) {
       return "the sentinel did not name the primary within " + ms(settings_.connect_timeout);
     }
     if (std::string e = receive(sock.fd, *reader); !e.empty()) return e;
-    void* raw = nullptr;
-    if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) return "protocol error";
-    if (raw == nullptr) continue;
-    const Reply r(static_cast<redisReply*>(raw));
-    return primary_in_reply(*r, settings_.sentinel_service, primary_host, primary_port);
   }
+  if (std::string e = epoch_in_master_reply(*replies[0], settings_.sentinel_service, epoch);
+      !e.empty()) {
+    return e;
+  }
+  return primary_in_reply(*replies[1], settings_.sentinel_service, primary_host, primary_port);
 }
 
 std::string SentinelWatch::watch(const std::string& host, int port, bool& subscribed_once) {
@@ -1114,11 +1149,17 @@ std::string SentinelWatch::watch(const std::string& host, int port, bool& subscr
         // is the primary. Events from here on wait in the socket and come after the answer.
         std::string primary_host;
         int primary_port = 0;
-        if (std::string e = ask(host, port, primary_host, primary_port); !e.empty()) {
+        std::int64_t epoch = 0;
+        if (std::string e = ask(host, port, primary_host, primary_port, epoch); !e.empty()) {
           return "cannot ask for the primary: " + e;
         }
-        if (on_primary_(primary_host, primary_port, false)) {
-          switches_.fetch_add(1, std::memory_order_relaxed);
+        // An older epoch than one followed: this sentinel has not caught up with a failover
+        // the store already followed (it announces it once it has).
+        if (epoch >= followed_epoch_) {
+          followed_epoch_ = epoch;
+          if (on_primary_(primary_host, primary_port, false)) {
+            switches_.fetch_add(1, std::memory_order_relaxed);
+          }
         }
         subscribed_once = true;
         subscribed_.store(true, std::memory_order_relaxed);
@@ -1155,6 +1196,8 @@ bool SentinelWatch::handle(const redisReply& r) {
   if (on_primary_(std::string(words[3]), port, true)) {
     switches_.fetch_add(1, std::memory_order_relaxed);
   }
+  // A failover's configuration is of a newer epoch than every one before it.
+  if (followed_epoch_ >= 0) ++followed_epoch_;
   return false;
 }
 

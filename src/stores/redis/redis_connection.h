@@ -257,11 +257,13 @@ class Connection {
 // Sentinel: one thread subscribed to +switch-master on the first sentinel that answers
 // (the next one when it dies or stops answering PING, with backoff). Each event about
 // `settings.sentinel_service` calls on_primary(host, port, true). Once each subscription is
-// confirmed it asks that sentinel which server is the primary and calls
-// on_primary(host, port, false): a failover before the subscription (while the store
-// opened, or while the watch moved between sentinels) sent its event to nobody.
-// on_primary returns whether it moved anything. Its sockets never block: the destructor
-// wakes it at once (an eventfd), whatever the sentinel does.
+// confirmed it asks that sentinel which server is the primary, and in which configuration
+// epoch, and calls on_primary(host, port, false): a failover before the subscription
+// (while the store opened, or while the watch moved between sentinels) sent its event to
+// nobody. An answer from an epoch older than one already followed is a sentinel that has
+// not caught up yet, and is ignored. on_primary returns whether it moved anything. Its
+// sockets never block: the destructor wakes it at once (an eventfd), whatever the
+// sentinel does.
 class SentinelWatch {
  public:
   using OnPrimary = std::function<bool(const std::string& host, int port, bool announced)>;
@@ -282,8 +284,10 @@ class SentinelWatch {
   std::string watch(const std::string& host, int port, bool& subscribed_once);
   // Opens a non-blocking connection to the sentinel into `sock`; empty, or why not.
   std::string dial(const std::string& host, int port, int& sock);
-  // Asks the sentinel (a connection of its own) for the service's primary.
-  std::string ask(const std::string& host, int port, std::string& primary_host, int& primary_port);
+  // Asks the sentinel (a connection of its own) for the service's primary
+  // (get-master-addr-by-name) and its configuration epoch (SENTINEL MASTER).
+  std::string ask(const std::string& host, int port, std::string& primary_host, int& primary_port,
+                  std::int64_t& epoch);
   // Waits until `fd` is ready for `events`, the timeout passes (false) or stop (false).
   bool wait_for(int fd, short events, Duration timeout);
   // True when `r` confirms the subscription.
@@ -295,6 +299,9 @@ class SentinelWatch {
   std::atomic<bool> stop_{false};
   std::atomic<bool> subscribed_{false};
   std::atomic<std::uint64_t> switches_{0};
+  // The thread's own: the configuration epoch last followed, at least (-1: none yet). An
+  // event raises it by one, the least a failover raises it by.
+  std::int64_t followed_epoch_ = -1;
   std::thread thread_;
 };
 

@@ -385,10 +385,7 @@ TEST_F(PrivateRedisTest, AFailoverNoEventToldOfIsFoundByAskingTheSentinelOnceSub
   PrivateRedis old_primary;
   PrivateRedis new_primary;
   ASSERT_TRUE(old_primary.ok() && new_primary.ok());
-  PrivateRedis sentinel({"--sentinel"}, {},
-                        "sentinel monitor quiet 127.0.0.1 " + std::to_string(old_primary.port()) +
-                            " 1\n"
-                            "sentinel down-after-milliseconds quiet 60000\n");
+  PrivateRedis sentinel({"--sentinel"}, {}, sentinel_config("quiet", old_primary.port(), 60000));
   ASSERT_TRUE(sentinel.ok());
   const std::string prefix = fresh_prefix("sentinel-quiet");
   auto opened = open_store("redis+sentinel://127.0.0.1:" + std::to_string(sentinel.port()) +
@@ -425,6 +422,71 @@ TEST_F(PrivateRedisTest, AFailoverNoEventToldOfIsFoundByAskingTheSentinelOnceSub
     EXPECT_EQ(old_raw.integer({"EXISTS", redis::record_key(prefix, "s", key)}), 0) << key;
   }
   EXPECT_TRUE(store.stats().switch_events);
+}
+
+// Behind Sentinel, a sentinel that has not caught up with a failover the store already
+// followed (it names the old primary, in an older configuration epoch) must not move the
+// store back when the store's watch moves to it. Two sentinels that never meet: the first
+// fails its service over (epoch 1); the second monitors another server under the same
+// name (epoch 0). The store follows the first; once it is killed, its watch subscribes on
+// the second, asks, and stays.
+TEST_F(PrivateRedisTest, ASentinelBehindOnTheFailoverDoesNotMoveTheStoreBack) {
+  PrivateRedis first_primary;
+  PrivateRedis replica;
+  PrivateRedis stale_primary;
+  ASSERT_TRUE(first_primary.ok() && replica.ok() && stale_primary.ok());
+  ASSERT_EQ(RawRedis(replica.port())
+                .text({"REPLICAOF", "127.0.0.1", std::to_string(first_primary.port())}),
+            "OK");
+  PrivateRedis current({"--sentinel"}, {}, sentinel_config("epochs", first_primary.port(), 1000));
+  PrivateRedis behind({"--sentinel"}, {}, sentinel_config("epochs", stale_primary.port(), 60000));
+  ASSERT_TRUE(current.ok() && behind.ok());
+  RawRedis ask_current(current.port());
+  ASSERT_TRUE(ready_to_fail_over(ask_current, "epochs", first_primary.port()));
+  ASSERT_EQ(ask_current.text({"SENTINEL", "FAILOVER", "epochs"}), "OK");
+  // Done: SENTINEL MASTER names the promoted replica (it names the old primary until the
+  // switch, in the new epoch already), in epoch 1.
+  auto master_field = [&](const std::string& field) {
+    RawReply r = ask_current.command({"SENTINEL", "MASTER", "epochs"});
+    for (std::size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+      if (std::string(r->element[i]->str, r->element[i]->len) == field)
+        return std::string(r->element[i + 1]->str, r->element[i + 1]->len);
+    }
+    return std::string();
+  };
+  ASSERT_TRUE(eventually([&] { return master_field("port") == std::to_string(replica.port()); }));
+  ASSERT_EQ(master_field("config-epoch"), "1");
+
+  const std::string prefix = fresh_prefix("sentinel-behind");
+  auto opened = open_store("redis+sentinel://127.0.0.1:" + std::to_string(current.port()) +
+                           ",127.0.0.1:" + std::to_string(behind.port()) +
+                           "/epochs?connections=2&prefix=" + prefix);
+  auto& store = dynamic_cast<RedisStore&>(*opened);
+  ASSERT_TRUE(eventually([&] { return store.stats().switch_events; }));
+  auto record_lands_on_the_promoted_replica = [&](const std::string& key) {
+    const AcquireResult r = store.acquire("s", key, 5000ms, 60000ms);
+    ASSERT_TRUE(std::holds_alternative<Acquired>(r)) << key;
+    EXPECT_EQ(store.complete("s", key, std::get<Acquired>(r).lease.token, "v", 60000ms),
+              WriteResult::kDone);
+    EXPECT_EQ(RawRedis(replica.port()).integer({"EXISTS", redis::record_key(prefix, "s", key)}), 1)
+        << key;
+    EXPECT_EQ(
+        RawRedis(stale_primary.port()).integer({"EXISTS", redis::record_key(prefix, "s", key)}), 0)
+        << key;
+  };
+  record_lands_on_the_promoted_replica("before");
+
+  current.kill();
+  // The watch is on the sentinel behind once it is subscribed there and has asked (its
+  // subscription there can only begin after the one on the killed sentinel ended).
+  RawRedis ask_behind(behind.port());
+  ASSERT_TRUE(eventually([&] {
+    return ask_behind.text({"CLIENT", "LIST", "TYPE", "pubsub"}).find("cmd=") !=
+               std::string::npos &&
+           store.stats().switch_events;
+  }));
+  EXPECT_EQ(store.stats().primary_switches, 0U) << "moved to the server of an older epoch";
+  for (int i = 0; i < 4; ++i) record_lands_on_the_promoted_replica("after-" + std::to_string(i));
 }
 
 // --- 2. eviction -----------------------------------------------------------------------

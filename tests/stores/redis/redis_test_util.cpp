@@ -314,4 +314,24 @@ void PrivateRedis::resume() {
   ASSERT_EQ(::kill(pid_, SIGCONT), 0);
 }
 
+std::string sentinel_config(const std::string& service, int primary_port, int down_after_ms,
+                            int failover_timeout_ms) {
+  return "sentinel monitor " + service + " 127.0.0.1 " + std::to_string(primary_port) +
+         " 1\n"
+         "sentinel down-after-milliseconds " +
+         service + " " + std::to_string(down_after_ms) +
+         "\n"
+         "sentinel failover-timeout " +
+         service + " " + std::to_string(failover_timeout_ms) + "\n";
+}
+
+bool ready_to_fail_over(RawRedis& sentinel, const std::string& service, int primary_port) {
+  return eventually([&] {
+    RawReply replicas = sentinel.command({"SENTINEL", "replicas", service});
+    const std::string info = RawRedis(primary_port).text({"INFO", "replication"});
+    return replicas && replicas->type == REDIS_REPLY_ARRAY && replicas->elements == 1 &&
+           info.find("state=online") != std::string::npos;
+  });
+}
+
 }  // namespace idem::testing

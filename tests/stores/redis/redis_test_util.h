@@ -113,6 +113,16 @@ class PrivateRedis {
   int pid_ = -1;
 };
 
+// The configuration of a sentinel of the test's own (PrivateRedis with --sentinel)
+// monitoring `service` on the server at `primary_port`, quorum 1: it takes the server for
+// down after `down_after_ms` without an answer, and gives a failover `failover_timeout_ms`.
+std::string sentinel_config(const std::string& service, int primary_port, int down_after_ms,
+                            int failover_timeout_ms = 2000);
+
+// Waits (eventually) until `sentinel` knows one replica of `service` and the primary at
+// `primary_port` has it in sync, so that SENTINEL FAILOVER can promote it; false if never.
+bool ready_to_fail_over(RawRedis& sentinel, const std::string& service, int primary_port);
+
 // Expects `step` to throw StoreUnavailable whose message holds every part; returns it.
 template <typename F>
 std::optional<StoreUnavailable> expect_unavailable(F&& step,

@@ -305,20 +305,10 @@ TEST_F(RedisWakePrivate, TheSubscriptionFollowsASentinelFailover) {
   ASSERT_TRUE(first.ok() && second.ok());
   ASSERT_EQ(RawRedis(second.port()).text({"REPLICAOF", "127.0.0.1", std::to_string(first.port())}),
             "OK");
-  PrivateRedis sentinel({"--sentinel"}, {},
-                        "sentinel monitor wake 127.0.0.1 " + std::to_string(first.port()) +
-                            " 1\n"
-                            "sentinel down-after-milliseconds wake 1000\n"
-                            "sentinel failover-timeout wake 2000\n");
+  PrivateRedis sentinel({"--sentinel"}, {}, sentinel_config("wake", first.port(), 1000));
   ASSERT_TRUE(sentinel.ok());
   RawRedis ask(sentinel.port());  // a sentinel kills no client of its own
-  // The sentinel knows the replica and the replica is in sync: it can fail over to it.
-  ASSERT_TRUE(eventually([&] {
-    RawReply replicas = ask.command({"SENTINEL", "replicas", "wake"});
-    const std::string info = RawRedis(first.port()).text({"INFO", "replication"});
-    return replicas && replicas->type == REDIS_REPLY_ARRAY && replicas->elements == 1 &&
-           info.find("state=online") != std::string::npos;
-  }));
+  ASSERT_TRUE(ready_to_fail_over(ask, "wake", first.port()));
   const std::string prefix = fresh_prefix("wake-failover");
   const std::string url =
       "redis+sentinel://127.0.0.1:" + std::to_string(sentinel.port()) + "/wake?prefix=" + prefix;
