@@ -448,13 +448,13 @@ Context open_link(const ConnectionSettings& settings, std::string& error, Script
   if (settings.sentinels.empty())
     return open_at(settings, settings.host, settings.port, {}, error, shas);
   if (settings.switched) {
-    // The primary a +switch-master named: a sentinel asked first may still name the old one.
+    // The primary the store follows: a sentinel asked first may still name the old one.
     const auto [host, port] = settings.switched->get(generation);
     if (!host.empty()) {
-      Context c = open_at(
-          settings, host, port,
-          " to the primary " + host + ":" + std::to_string(port) + " that +switch-master named",
-          error, shas);
+      Context c =
+          open_at(settings, host, port,
+                  " to the primary " + host + ":" + std::to_string(port) + " the store follows",
+                  error, shas);
       if (c) return c;
       settings.switched->forget(generation);
     }
@@ -916,6 +916,13 @@ void SwitchedPrimary::set(std::string host, int port) {
   ++generation_;
 }
 
+void SwitchedPrimary::seed(const std::string& host, int port) {
+  std::lock_guard lock(mu_);
+  if (!host_.empty()) return;
+  host_ = host;
+  port_ = port;
+}
+
 void SwitchedPrimary::forget(std::uint64_t generation) {
   std::lock_guard lock(mu_);
   if (generation == generation_) host_.clear();
@@ -1239,7 +1246,12 @@ bool Pool::follow(const std::string& host, int port, bool announced) {
     const auto [switched_host, switched_port] = settings_.switched->get(generation);
     bool elsewhere = !switched_host.empty() && (switched_host != host || switched_port != port);
     for (const auto& c : connections_) elsewhere = elsewhere || c->up_elsewhere(address);
-    if (!elsewhere) return false;
+    if (!elsewhere) {
+      // Kept, so that a connection that breaks comes back here rather than to whatever
+      // the first sentinel that answers names (it may be behind).
+      settings_.switched->seed(host, port);
+      return false;
+    }
   }
   // First the address, so that a connection opened from now on goes there.
   settings_.switched->set(host, port);

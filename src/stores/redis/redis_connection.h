@@ -80,14 +80,18 @@ struct TlsSettings {
 // it cannot load.
 std::shared_ptr<SSL_CTX> make_tls_context(const TlsSettings& tls);
 
-// Sentinel: the primary the last +switch-master event named, shared by a pool's
-// connections. A (re)connection tries it before asking the sentinels, since a sentinel
-// asked first may not have seen the failover yet while the old primary still takes writes.
+// Sentinel: the primary the pool follows (the last +switch-master event's, or the one the
+// watch's sentinel named after it subscribed), shared by a pool's connections. A
+// (re)connection tries it before asking the sentinels, since a sentinel asked first may
+// not have seen the failover yet while the old primary still takes writes.
 class SwitchedPrimary {
  public:
-  // The address ("" when none, or when it failed) and the event count it belongs to.
+  // The address ("" when none, or when it failed) and the count of moves it belongs to.
   std::pair<std::string, int> get(std::uint64_t& generation) const;
+  // A move: a connection opening meanwhile opens again, to this address.
   void set(std::string host, int port);
+  // The address the connections are on already, when there is none: no move.
+  void seed(const std::string& host, int port);
   // Forgets the address when no event came since `generation` (it failed: ask the sentinels).
   void forget(std::uint64_t generation);
   std::uint64_t generation() const;
@@ -331,7 +335,8 @@ class Pool {
  private:
   // Sentinel: `host:port` is the primary, as an event announced it or a sentinel answered.
   // An announcement always moves the connections (those already there stay); an answer
-  // only when something is elsewhere. Returns whether it moved them.
+  // only when something is elsewhere, and otherwise is kept as the address to come back
+  // to (SwitchedPrimary::seed). Returns whether it moved them.
   bool follow(const std::string& host, int port, bool announced);
 
   ConnectionSettings settings_;

@@ -429,7 +429,8 @@ TEST_F(PrivateRedisTest, AFailoverNoEventToldOfIsFoundByAskingTheSentinelOnceSub
 // store back when the store's watch moves to it. Two sentinels that never meet: the first
 // fails its service over (epoch 1); the second monitors another server under the same
 // name (epoch 0). The store follows the first; once it is killed, its watch subscribes on
-// the second, asks, and stays.
+// the second, asks, and stays; and its connections, broken then, come back to the
+// promoted replica too.
 TEST_F(PrivateRedisTest, ASentinelBehindOnTheFailoverDoesNotMoveTheStoreBack) {
   PrivateRedis first_primary;
   PrivateRedis replica;
@@ -464,7 +465,17 @@ TEST_F(PrivateRedisTest, ASentinelBehindOnTheFailoverDoesNotMoveTheStoreBack) {
   auto& store = dynamic_cast<RedisStore&>(*opened);
   ASSERT_TRUE(eventually([&] { return store.stats().switch_events; }));
   auto record_lands_on_the_promoted_replica = [&](const std::string& key) {
-    const AcquireResult r = store.acquire("s", key, 5000ms, 60000ms);
+    // A connection the server closed fails the one call on it, then reconnects.
+    std::optional<AcquireResult> acquired;
+    for (int attempt = 0; attempt < 10 && !acquired; ++attempt) {
+      try {
+        acquired = store.acquire("s", key, 5000ms, 60000ms);
+      } catch (const StoreUnavailable&) {
+        std::this_thread::sleep_for(50ms);
+      }
+    }
+    ASSERT_TRUE(acquired.has_value()) << key;
+    const AcquireResult& r = *acquired;
     ASSERT_TRUE(std::holds_alternative<Acquired>(r)) << key;
     EXPECT_EQ(store.complete("s", key, std::get<Acquired>(r).lease.token, "v", 60000ms),
               WriteResult::kDone);
@@ -487,6 +498,12 @@ TEST_F(PrivateRedisTest, ASentinelBehindOnTheFailoverDoesNotMoveTheStoreBack) {
   }));
   EXPECT_EQ(store.stats().primary_switches, 0U) << "moved to the server of an older epoch";
   for (int i = 0; i < 4; ++i) record_lands_on_the_promoted_replica("after-" + std::to_string(i));
+  // The connections broken now come back to the primary the store follows, not to the one
+  // the first sentinel that answers names (the one behind; the other is dead).
+  const std::uint64_t reconnects = store.stats().reconnects;
+  EXPECT_GE(RawRedis(replica.port()).integer({"CLIENT", "KILL", "TYPE", "normal"}), 2);
+  for (int i = 0; i < 4; ++i) record_lands_on_the_promoted_replica("again-" + std::to_string(i));
+  EXPECT_GE(store.stats().reconnects, reconnects + 1);
 }
 
 // --- 2. eviction -----------------------------------------------------------------------
