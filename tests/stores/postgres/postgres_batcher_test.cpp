@@ -1,7 +1,8 @@
 // The PostgreSQL store's batcher (src/stores/postgres/postgres_batcher.h) on its own: concurrent
 // callers share batches, never two requests for one record in a batch, every caller is answered
-// with batches in flight side by side, a failed batch fails every caller in it, and a caller
-// still queued at its deadline gives up.
+// with batches in flight side by side, a balanced batch beside others waits until it is as
+// large as they are or a while (not longer), a failed batch fails every caller in it, and a
+// caller still queued at its deadline gives up.
 
 #include "stores/postgres/postgres_batcher.h"
 
@@ -124,6 +125,120 @@ TEST(PostgresBatcher, EveryCallerIsAnsweredWithTwoBatchesInFlightAndNoneWaitsOut
   EXPECT_EQ(timed_out.load(), 0) << "a caller waited out its deadline: a batch's turn was lost";
   EXPECT_LE(most_running.load(), 2);
   EXPECT_EQ(most_running.load(), 2) << "two batches never ran at once";
+}
+
+// Reads' batches are balanced (overlap = {balanced, a time}). A runner whose batches each
+// block until released.
+class StalledBatches {
+ public:
+  IntBatcher::Runner run = [this](const std::vector<IntBatcher::Entry*>& batch) {
+    {
+      std::lock_guard lock(mu_);
+      sizes_.push_back(batch.size());
+    }
+    for (auto* e : batch) e->response = e->request->value;
+    while (!release_) std::this_thread::sleep_for(1ms);
+  };
+  // The sizes of the batches started, in order.
+  std::vector<std::size_t> started() {
+    std::lock_guard lock(mu_);
+    return sizes_;
+  }
+  void release() { release_ = true; }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::size_t> sizes_;
+  std::atomic<bool> release_{false};
+};
+
+template <typename F>
+bool within_10s(F done) {
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  return done();
+}
+
+// Callers submitting one by one, each on its own thread.
+class Callers {
+ public:
+  Callers(IntBatcher& batcher, const IntBatcher::Runner& run) : batcher_(batcher), run_(run) {}
+  ~Callers() { join(); }
+  void add(int value, std::chrono::steady_clock::time_point deadline = far_deadline()) {
+    threads_.emplace_back([this, value, deadline] {
+      try {
+        if (batcher_.submit(Req{std::to_string(value), value}, deadline, "s", 10000ms, run_) !=
+            value) {
+          ++wrong;
+        }
+      } catch (const StoreUnavailable&) {
+        ++timed_out;
+      }
+    });
+  }
+  void join() {
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  std::atomic<int> wrong{0};
+  std::atomic<int> timed_out{0};
+
+ private:
+  IntBatcher& batcher_;
+  const IntBatcher::Runner& run_;
+  std::vector<std::thread> threads_;
+};
+
+// Two callers, one after the other, each running a batch of its own: the second, one queued
+// beside one running, is balanced, so it starts at once.
+void start_two_alone(Callers& callers, StalledBatches& runner) {
+  callers.add(0);
+  EXPECT_TRUE(within_10s([&] { return runner.started().size() == 1; }));
+  callers.add(1);
+  EXPECT_TRUE(within_10s([&] { return runner.started().size() == 2; }))
+      << "a caller alone beside another did not run at once";
+}
+
+// Two callers alone run side by side; a third, queued beside two requests running, waits for
+// the fourth, and the two start one batch together.
+TEST(PostgresBatcher, ABalancedBatchStartsOnceAsManyAreQueuedAsRun) {
+  IntBatcher batcher(/*max_batch=*/8, /*max_in_flight=*/3, &id_of,
+                     {.balanced = true, .waited = 1h});
+  StalledBatches runner;
+  Callers callers(batcher, runner.run);
+  start_two_alone(callers, runner);
+  callers.add(2);  // one queued beside two running: it waits
+  EXPECT_TRUE(within_10s([&] { return batcher.queued() == 1; }));
+  EXPECT_EQ(runner.started().size(), 2u) << "an unbalanced batch started";
+  callers.add(3);  // two queued beside two running: they start together
+  EXPECT_TRUE(within_10s([&] { return runner.started().size() == 3; }))
+      << "a balanced batch did not start";
+  runner.release();
+  callers.join();
+  EXPECT_EQ(callers.wrong.load(), 0);
+  EXPECT_EQ(callers.timed_out.load(), 0);
+  EXPECT_EQ(runner.started(), (std::vector<std::size_t>{1, 1, 2}));
+  EXPECT_EQ(batcher.queued(), 0u);
+}
+
+// Stalled batches (connections whose server stopped answering) hold up a request queued
+// behind them for `waited`, not until its deadline: then it starts a batch beside them.
+TEST(PostgresBatcher, ARequestQueuedBehindStalledBatchesStartsBesideThemOnceItHasWaited) {
+  IntBatcher batcher(/*max_batch=*/8, /*max_in_flight=*/3, &id_of,
+                     {.balanced = true, .waited = 50ms});
+  StalledBatches runner;
+  Callers callers(batcher, runner.run);
+  start_two_alone(callers, runner);
+  const auto queued = std::chrono::steady_clock::now();
+  callers.add(2, queued + 10s);  // one queued beside two running: unbalanced
+  EXPECT_TRUE(within_10s([&] { return runner.started().size() == 3; }))
+      << "held up by the stalled batches";
+  EXPECT_GE(std::chrono::steady_clock::now() - queued, 50ms) << "it did not wait its time";
+  runner.release();
+  callers.join();
+  EXPECT_EQ(callers.wrong.load(), 0);
+  EXPECT_EQ(callers.timed_out.load(), 0) << "held up by the stalled batches until its deadline";
+  EXPECT_EQ(runner.started(), (std::vector<std::size_t>{1, 1, 1}));
 }
 
 TEST(PostgresBatcher, AFailedBatchFailsEveryCallerInIt) {
