@@ -259,6 +259,11 @@ std::string link_read(Link& l, Reply& out, Duration timeout) {
   }
 }
 
+// Sentinel: why a sentinel's answer names no primary when it does not know the service.
+std::string unknown_service(const std::string& service) {
+  return "monitors no service named \"" + service + "\"";
+}
+
 // Sentinel: reads a sentinel's answer to SENTINEL get-master-addr-by-name <service> into
 // host and port; empty, or why it names none.
 std::string primary_in_reply(const redisReply& r, const std::string& service, std::string& host,
@@ -275,7 +280,7 @@ std::string primary_in_reply(const redisReply& r, const std::string& service, st
       return {};
     }
   }
-  if (r.type == REDIS_REPLY_NIL) return "monitors no service named \"" + service + "\"";
+  if (r.type == REDIS_REPLY_NIL) return unknown_service(service);
   if (r.type == REDIS_REPLY_ERROR) return explain_server_error(reply_text(r));
   return "unexpected reply";
 }
@@ -959,7 +964,7 @@ std::string epoch_in_master_reply(const redisReply& r, const std::string& servic
   if (r.type == REDIS_REPLY_ERROR) {
     const std::string_view text = reply_text(r);
     if (text.find("No such master") != std::string_view::npos) {
-      return "monitors no service named \"" + service + "\"";
+      return unknown_service(service);
     }
     return explain_server_error(text);
   }
