@@ -84,7 +84,9 @@ class Batcher {
                   const std::string& store, Duration timeout, const Runner& run) {
     Entry e(&request);
     std::unique_lock lock(mu_);
-    const auto overlap_at = std::chrono::steady_clock::now() + overlap_.waited;
+    // Only a balanced batcher's callers wait for a time of their own.
+    const auto overlap_at = overlap_.balanced ? std::chrono::steady_clock::now() + overlap_.waited
+                                              : std::chrono::steady_clock::time_point::min();
     queue_.push_back({&e, overlap_at});
     for (;;) {
       e.called = false;  // told or not, it acts now
@@ -106,8 +108,9 @@ class Batcher {
           e.wake.wait(own, [&] { return e.done; });
         } else {
           // Awake once when it may start a batch beside others, then only when told.
-          const auto now = std::chrono::steady_clock::now();
-          e.wake.wait_until(own, overlap_at > now ? std::min(overlap_at, deadline) : deadline,
+          const bool overlap_ahead =
+              overlap_.balanced && overlap_at > std::chrono::steady_clock::now();
+          e.wake.wait_until(own, overlap_ahead ? std::min(overlap_at, deadline) : deadline,
                             [&] { return e.done || e.told; });
         }
         if (e.done) break;
