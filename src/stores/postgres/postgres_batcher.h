@@ -31,6 +31,7 @@
 
 #include "idem/error.h"
 #include "idem/types.h"
+#include "stores/kit/own_copy.h"
 
 namespace idem::postgres {
 
@@ -141,11 +142,12 @@ class Batcher {
     try {
       run(batch);
     } catch (...) {
-      // The batch failed as a whole: nobody gets a partial answer.
+      // The batch failed as a whole: nobody gets a partial answer. Each caller throws an
+      // error of its own (kit/own_copy.h).
       const std::exception_ptr error = std::current_exception();
       for (Entry* b : batch) {
         b->response.reset();
-        b->error = error;
+        b->error = kit::own_copy(error);
       }
     }
     {

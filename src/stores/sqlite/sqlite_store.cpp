@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "idem/error.h"
+#include "stores/kit/own_copy.h"
 #include "stores/sqlite/sqlite_connection.h"
 #include "stores/sqlite/sqlite_operations.h"
 #include "stores/sqlite/sqlite_schema.h"
@@ -296,8 +297,9 @@ struct SqliteStore::Impl {
         }
         if (!again) tx.commit();
       } catch (...) {
+        const std::exception_ptr error = std::current_exception();
         for (QueuedWrite* q : batch) {
-          if (!q->error) q->error = std::current_exception();
+          if (!q->error) q->error = kit::own_copy(error);
         }
       }
     }

@@ -3,6 +3,8 @@
 #include <thread>
 #include <utility>
 
+#include "stores/kit/own_copy.h"
+
 namespace idem::sqlite {
 namespace {
 
@@ -83,8 +85,10 @@ void WriteQueue::lead(QueuedWrite& self, std::unique_lock<std::mutex>& lock) {
   try {
     apply_(std::span<QueuedWrite* const>(batch));
   } catch (...) {
+    // Each write throws an error of its own (kit/own_copy.h).
+    const std::exception_ptr error = std::current_exception();
     for (QueuedWrite* w : batch) {
-      if (!w->error) w->error = std::current_exception();
+      if (!w->error) w->error = kit::own_copy(error);
     }
   }
 

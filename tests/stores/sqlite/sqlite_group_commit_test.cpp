@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <latch>
@@ -22,6 +23,8 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -525,6 +528,56 @@ INSTANTIATE_TEST_SUITE_P(Sqlite, SqliteGroupCommitFailure,
                          [](const ::testing::TestParamInfo<Failure>& info) {
                            return info.param == Failure::kConstraint ? "Constraint" : "FullDisk";
                          });
+
+// A batch that fails as a whole (its commit) fails each write in it with an error object of
+// its own: one object rethrown in many threads is freed by whichever drops it last, unseen by
+// ThreadSanitizer (stores/kit/own_copy.h).
+TEST(SqliteWriteQueue, AFailedBatchFailsEachWriteWithAnErrorOfItsOwn) {
+  constexpr std::size_t kFollowers = 4;
+  std::atomic<int> applied{0};
+  sqlite::WriteQueue* queue_of_apply = nullptr;
+  sqlite::WriteQueue queue({}, [&](std::span<sqlite::QueuedWrite* const>) {
+    if (applied++ == 0) {
+      // The leader's own batch: hold it until the followers queue behind it.
+      (void)eventually([&] { return queue_of_apply->counts().queued == kFollowers; });
+      return;
+    }
+    throw StoreUnavailable("sqlite:///x.db", "disk I/O error");
+  });
+  queue_of_apply = &queue;
+
+  std::thread leader([&] {
+    sqlite::QueuedWrite w;
+    queue.submit(w);
+  });
+  EXPECT_TRUE(eventually([&] { return applied.load() == 1; }));
+  std::vector<std::exception_ptr> caught(kFollowers);
+  std::vector<std::thread> followers;
+  for (std::size_t i = 0; i < kFollowers; ++i) {
+    followers.emplace_back([&, i] {
+      sqlite::QueuedWrite w;
+      try {
+        queue.submit(w);
+      } catch (const StoreUnavailable&) {
+        caught[i] = std::current_exception();
+      }
+    });
+  }
+  leader.join();
+  for (auto& f : followers) f.join();
+  EXPECT_EQ(applied.load(), 2) << "the followers were not one batch";
+  std::set<const void*> objects;
+  for (const std::exception_ptr& p : caught) {
+    ASSERT_TRUE(p) << "a write of the failed batch did not fail";
+    try {
+      std::rethrow_exception(p);
+    } catch (const StoreUnavailable& e) {
+      EXPECT_THAT(e.what(), HasSubstr("disk I/O error"));
+      objects.insert(&e);
+    }
+  }
+  EXPECT_EQ(objects.size(), kFollowers) << "writes share one exception object";
+}
 
 }  // namespace
 }  // namespace idem
