@@ -127,21 +127,10 @@ struct CallOptions {
   std::stop_token stop_token{};
 };
 
-// The options of Executor::run_in_open_transaction (SPEC §14's one-transaction form);
-// unset fields take the executor's values.
-struct OpenTransactionOptions {
-  // The lease written with the IN_PROGRESS record. Nobody else ever sees that record unless
-  // the caller commits without completing (see run_in_open_transaction), so it matters
-  // only then.
-  std::optional<Duration> lease{};
-  std::optional<Duration> ttl{};
-  // As CallOptions::fingerprint.
-  std::optional<std::string> fingerprint{};
-  // PostgreSQL: a key that another open transaction is writing answers InProgress at once
-  // instead of waiting for that transaction to end. (SQLite: the caller's BEGIN IMMEDIATE
-  // is where a duplicate waits.)
-  bool nowait = false;
-};
+// The options of Executor::run_in_open_transaction are a call's options: one waiting policy
+// (CallOptions::wait) for every form. This name stays for code written before; its `nowait`
+// is gone (an unset wait, with the executor's default policy, answers InProgress at once).
+using OpenTransactionOptions = CallOptions;
 
 namespace detail {
 class ExecutorImpl;
@@ -652,21 +641,27 @@ class Executor {
   // SPEC §14: run() whose result commits together with the action's own writes, for an
   // action whose effects are writes to the database that holds the store's records (the
   // same PostgreSQL database, the same SQLite file) through the caller's connection `conn`.
-  // Takes the lease as run() does (replays and busy keys too), then on `conn`: BEGIN
-  // (SQLite: BEGIN IMMEDIATE), the action, the COMPLETE record, COMMIT. A crash anywhere
-  // leaves the action's writes and the record committed together or neither; a lease lost
-  // before the commit throws LeaseLost and the transaction is rolled back. A COMMIT whose
-  // answer is lost is settled from the record (AttemptHandle::resolve).
-  // Throws as run() does, and InvalidArgument (before anything is acquired) for a store
-  // that cannot join a caller's transaction. When the action throws, the transaction is
-  // rolled back, the record released and the exception rethrown. `conn` must not be in a
-  // transaction already, and the action must not end the transaction itself (a COMMIT or
-  // ROLLBACK inside it leaves the complete nothing to join: InvalidArgument).
+  // Checks `conn` first (TransactionalStore::check_connection: the store's own database and
+  // table by identity, writable, not inside a transaction), then takes the lease as run()
+  // does (replays and busy keys too), then on `conn`: BEGIN (SQLite: BEGIN IMMEDIATE), the
+  // action, the COMPLETE record, COMMIT. A crash anywhere leaves the action's writes and the
+  // record committed together or neither; a lease lost before the commit throws LeaseLost
+  // and the transaction is rolled back. A COMMIT whose answer is lost is settled from the
+  // record (AttemptHandle::resolve).
+  // Throws as run() does, and InvalidArgument, before anything is acquired, for a store
+  // that cannot join a caller's transaction or a connection it refuses. When the action
+  // throws, the transaction is rolled back, the record released and the exception rethrown.
+  // The action must not end the transaction itself: after a COMMIT or ROLLBACK of its own,
+  // whether its writes committed cannot be known, so the key is kept (the record stays
+  // IN_PROGRESS until its lease runs out, unreleased, and the next caller then takes it
+  // over as attempt 2, stolen) and the call throws InvalidArgument (or, if the action
+  // threw, the action's exception).
   template <typename T, typename F>
   Result<T> run_in_transaction(const SqlConnection& conn, std::string_view scope,
                                std::string_view key, F&& action, const CallOptions& call = {}) {
     static_assert(detail::kHasCodec<T>, "idem: no codec for this result type (see run())");
     TransactionalStore& tx = transactional_store();
+    tx.check_connection(conn, TransactionalStore::ConnectionUse::kBegin);
     BeginResult<T> begun = begin_as<T>(scope, key, call, /*keep_alive=*/false);
     if (Result<T>* replay = begun.replay()) return std::move(*replay);
     if (const Busy* busy = begun.busy()) {
@@ -676,7 +671,8 @@ class Executor {
     tx.begin(conn);
     {
       // The action or the write threw: the transaction goes, then the lease (the handle's
-      // destructor releases it as the exception leaves).
+      // destructor releases it as the exception leaves), unless the action ended the
+      // transaction itself (its writes may have committed: the key is kept).
       struct RollBack {
         TransactionalStore& tx;
         const SqlConnection& conn;
@@ -684,15 +680,22 @@ class Executor {
         bool armed = true;
         ~RollBack() {
           if (!armed) return;
+          if (tx.outside_transaction(conn)) {
+            handle.abandon();
+            return;
+          }
           tx.rollback(conn);
           if (handle.completing()) handle.rolled_back();
         }
       } roll_back{tx, conn, handle};
       if constexpr (std::is_void_v<T>) {
         action(handle.attempt());
+        if (tx.outside_transaction(conn)) throw_action_ended_transaction(handle);
         handle.complete_in(conn);
       } else {
-        handle.complete_in(conn, action(handle.attempt()));
+        T value = action(handle.attempt());
+        if (tx.outside_transaction(conn)) throw_action_ended_transaction(handle);
+        handle.complete_in(conn, std::move(value));
       }
       roll_back.armed = false;
     }
@@ -715,20 +718,26 @@ class Executor {
   // SPEC §14's one-transaction form, for an action whose only effects are writes through
   // `conn` to the database that holds the store's records. Everything runs in the caller's
   // open transaction on `conn`, which the caller began and commits (or rolls back) itself:
-  // the acquire (a record written IN_PROGRESS in the caller's transaction, so a duplicate
-  // in another transaction waits on it, or answers InProgress with `nowait`), the action,
+  // the acquire (a record written IN_PROGRESS in the caller's transaction), the action,
   // and the COMPLETE record. No lease is kept alive and no heartbeat runs: the caller's
   // transaction is the lock. A crash or a rollback leaves nothing behind.
+  // A key that another open transaction is writing, or that another caller's live lease
+  // holds, is busy: it is waited for under the call's waiting policy exactly as run() waits
+  // (CallOptions::wait, else ExecutorOptions::wait; the default answers InProgress at once),
+  // asking again within the bound and woken by the store's notification. PostgreSQL waits
+  // so; SQLite answers InProgress at once whatever the policy (the caller's BEGIN IMMEDIATE
+  // holds the file's one write lock, which the key's owner needs to finish: a duplicate
+  // waits for that lock at its BEGIN IMMEDIATE instead, under its busy timeout).
   // Returns the action's result, or the stored result of an earlier run (replayed; the
   // action did not run). The caller must commit for the result to be recorded, and must
-  // roll back when this throws: InvalidArgument (a store that cannot join, or `conn` not
-  // in a transaction), InProgress (a live lease of another caller holds the key, or with
-  // `nowait` another transaction writes it), KeyReuse, PayloadTooLarge, StoreUnavailable,
-  // DecodeFailed, or the action's own exception unchanged.
+  // roll back when this throws: InvalidArgument (a store that cannot join, or `conn` refused
+  // by TransactionalStore::check_connection: another database, not in a transaction,
+  // read-only; checked before anything is written), InProgress, KeyReuse, PayloadTooLarge,
+  // StoreUnavailable, DecodeFailed, ShutDown, or the action's own exception unchanged.
   template <typename T, typename F>
   Result<T> run_in_open_transaction(const SqlConnection& conn, std::string_view scope,
                                     std::string_view key, F&& action,
-                                    const OpenTransactionOptions& options = {}) {
+                                    const CallOptions& options = {}) {
     static_assert(detail::kHasCodec<T>, "idem: no codec for this result type (see run())");
     std::optional<Attempt> attempt;
     Result<std::string> replay = begin_in_open_transaction(conn, scope, key, options, attempt);
@@ -759,8 +768,7 @@ class Executor {
 
   template <typename F>
   auto run_in_open_transaction(const SqlConnection& conn, std::string_view scope,
-                               std::string_view key, F&& action,
-                               const OpenTransactionOptions& options = {}) {
+                               std::string_view key, F&& action, const CallOptions& options = {}) {
     return run_in_open_transaction<detail::ResultOf<F>>(conn, scope, key, std::forward<F>(action),
                                                         options);
   }
@@ -844,16 +852,18 @@ class Executor {
 
   // The store's steps on a caller's transaction; throws InvalidArgument when it has none.
   TransactionalStore& transactional_store() const;
+  // run_in_transaction's action ended the transaction itself: keeps the key (abandons the
+  // handle: no release, the lease runs out) and throws InvalidArgument saying so.
+  [[noreturn]] static void throw_action_ended_transaction(detail::AttemptCore& handle);
   // run_in_open_transaction's two halves: the acquire (a replay is returned and `attempt`
   // left empty; a busy key throws InProgress), and the complete.
   Result<std::string> begin_in_open_transaction(const SqlConnection& conn, std::string_view scope,
-                                                std::string_view key,
-                                                const OpenTransactionOptions& options,
+                                                std::string_view key, const CallOptions& options,
                                                 std::optional<Attempt>& attempt);
   Result<std::string> complete_in_open_transaction(const SqlConnection& conn,
                                                    std::string_view scope, std::string_view key,
                                                    const Attempt& attempt, std::string bytes,
-                                                   const OpenTransactionOptions& options);
+                                                   const CallOptions& options);
 
   std::shared_ptr<detail::ExecutorImpl> impl_;
 };

@@ -72,11 +72,34 @@ class TransactionalStore {
  public:
   virtual ~TransactionalStore() = default;
 
+  // What idem is about to do with a caller's connection (check_connection).
+  enum class ConnectionUse {
+    kJoin,   // write in the caller's open transaction (complete_in, acquire_in)
+    kBegin,  // begin, and later commit, a transaction on it (run_in_transaction)
+  };
+
+  // Checks, before anything is acquired or written, that `conn` can carry this store's
+  // records for `use`: a connection of this store's kind, writable, on the store's own
+  // database and table (by the identity the store recorded when it opened: PostgreSQL's
+  // cluster system identifier and the database's and table's OIDs, SQLite's file device and
+  // inode; never by name alone, so a connection on another database that has an idem table
+  // of its own is refused), and inside an open transaction (kJoin) or outside any (kBegin).
+  // complete_in, acquire_in and begin run it themselves; the executor runs it before it
+  // acquires anything for a call on `conn`. PostgreSQL asks the server once per connection
+  // session (a query on `conn`, harmless inside the caller's transaction) and remembers the
+  // answer for that session. Throws InvalidArgument naming what is wrong (a read-only store
+  // included), StoreUnavailable when the connection is broken or cannot be asked.
+  void check_connection(const SqlConnection& conn, ConnectionUse use);
+
+  // Whether `conn` is healthy and outside any transaction: after an action that was to run
+  // inside a transaction idem began, it means the action ended that transaction itself (a
+  // COMMIT or ROLLBACK of its own). False for a connection of another kind.
+  bool outside_transaction(const SqlConnection& conn) const noexcept;
+
   // Store::complete on the caller's open transaction: the record goes from IN_PROGRESS with
   // `token` to COMPLETE, visible to others when the caller commits. kFenced: the token no
   // longer owns the record (nothing was written); the caller must roll back.
-  // Throws InvalidArgument when `conn` is not of this store's kind, is not inside an open
-  // transaction, or (SQLite) is not on the store's file.
+  // Throws InvalidArgument when check_connection(conn, kJoin) refuses `conn`.
   [[nodiscard]] WriteResult complete_in(const SqlConnection& conn, std::string_view scope,
                                         std::string_view key, Token token, std::string_view payload,
                                         Duration ttl);
@@ -85,7 +108,8 @@ class TransactionalStore {
   // record another open transaction is writing is waited for (its row lock, or SQLite's
   // write lock) and judged as that transaction leaves it; with `nowait`, a record another
   // PostgreSQL transaction holds answers Busy instead (SQLite has no row locks: the
-  // caller's BEGIN IMMEDIATE is where a duplicate waits).
+  // caller's BEGIN IMMEDIATE is where a duplicate waits). The executor asks with `nowait`
+  // and waits under its own policy.
   AcquireResult acquire_in(const SqlConnection& conn, std::string_view scope, std::string_view key,
                            Duration lease, Duration ttl,
                            std::optional<std::string_view> fingerprint, bool nowait);
@@ -100,6 +124,11 @@ class TransactionalStore {
   // Best effort: a failure is ignored (a lost connection rolls back on its own).
   void rollback(const SqlConnection& conn) noexcept;
 
+  // Whether a duplicate may wait for a busy key inside the caller's open transaction
+  // (Executor::run_in_open_transaction's waiting policy): PostgreSQL's row locks let it;
+  // SQLite's caller holds the file's one write lock, which the key's owner needs to finish.
+  virtual bool can_wait_in_transaction() const noexcept { return false; }
+
   // Names the store for messages (Store::describe overrides it in a store with both).
   virtual std::string describe() const = 0;
 
@@ -113,6 +142,9 @@ class TransactionalStore {
   virtual void do_begin(const SqlConnection& conn) = 0;
   virtual void do_commit(const SqlConnection& conn) = 0;
   virtual void do_rollback(const SqlConnection& conn) noexcept = 0;
+  // The store's part of check_connection (the kind is checked already).
+  virtual void do_check_connection(const SqlConnection& conn, ConnectionUse use) = 0;
+  virtual bool do_outside_transaction(const SqlConnection& conn) const noexcept = 0;
   // The kind of connection this store joins.
   virtual SqlConnection::Kind connection_kind() const noexcept = 0;
 

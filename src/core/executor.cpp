@@ -50,6 +50,28 @@ struct Call {
   const std::stop_token& stop;
 };
 
+// Where a blocking call sleeps between two asks of the store: until a time, a wake-up (a
+// watch, the executor's shutdown: both call it), or its stop token.
+struct Wakeup {
+  std::mutex mu;
+  std::condition_variable_any cv;
+  bool woken = false;  // guarded by mu
+  void wake() {
+    {
+      std::lock_guard lock(mu);
+      woken = true;
+    }
+    cv.notify_one();
+  }
+  void operator()() { wake(); }
+  template <typename Stop>
+  void sleep_until(const std::stop_token& stop, SteadyClock::time_point until, Stop stopped) {
+    std::unique_lock lock(mu);
+    cv.wait_until(lock, stop, until, [&] { return stopped() || woken; });
+    woken = false;
+  }
+};
+
 Duration resolve_interval(Duration heartbeat, Duration lease) {
   if (heartbeat < Duration::zero()) {
     throw InvalidArgument("heartbeat",
@@ -247,6 +269,10 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     std::optional<SteadyClock::time_point> deadline;
     // begin_async's first turn, on the caller's thread: a busy key is left to the queue.
     bool hand_over = false;
+    // Set once the store has answered this wait: the first ask always goes to the store,
+    // so that an in-process owner whose record is gone (forgotten, purged) is not followed
+    // in memory while the store would let this call acquire.
+    bool asked = false;
     // Set while this wait polls the store for the in-process duplicates that follow it;
     // whatever ends the wait hands them the outcome or sends them back to the table.
     std::shared_ptr<InFlight> poller;
@@ -349,14 +375,17 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         return until;
       }
       if (closing()) throw shut_down_error();
-      if (auto leader = owners_.find(w.id, w.hash, w.poller.get())) {
-        adopt_leader(w, std::move(leader));
-        continue;
+      if (w.asked) {
+        if (auto leader = owners_.find(w.id, w.hash, w.poller.get())) {
+          adopt_leader(w, std::move(leader));
+          continue;
+        }
       }
       const auto sent = coarse_now();
       AcquireResult acquired = guarded(
           [&] { return store_->acquire(w.scope, w.key, call.lease, call.ttl, w.fingerprint()); },
           record);
+      w.asked = true;
       if (auto* replay = std::get_if<Replay>(&acquired)) {
         check_fingerprint(replay->fingerprint, call.fingerprint, record);
         if (w.poller) {
@@ -440,31 +469,17 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     if (closing_.load(std::memory_order_relaxed)) throw shut_down_error();
     const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
     // Where this call sleeps between turns; declared before the wait, whose watches wake it.
-    struct Sleep {
-      std::mutex mu;
-      std::condition_variable_any cv;
-      bool woken = false;  // guarded by mu
-      void wake() {
-        {
-          std::lock_guard lock(mu);
-          woken = true;
-        }
-        cv.notify_one();
-      }
-      void operator()() { wake(); }
-    } sleep;
+    Wakeup sleep;
     KeyWait w(*this, scope, key, resolve(call_options), keep_alive ? nullptr : &uncount, started,
               [&sleep] { sleep.wake(); });
     // Shutdown wakes it too, once it sleeps.
-    std::optional<std::stop_callback<std::reference_wrapper<Sleep>>> on_close;
+    std::optional<std::stop_callback<std::reference_wrapper<Wakeup>>> on_close;
     for (;;) {
       const auto next = turn(w);
       if (!next) return std::move(*w.answer);
       if (!on_close) on_close.emplace(closing_source_.get_token(), std::ref(sleep));
       // A cancellation, a shutdown or a watch ends the sleep.
-      std::unique_lock lock(sleep.mu);
-      sleep.cv.wait_until(lock, w.call.stop, *next, [&] { return closing() || sleep.woken; });
-      sleep.woken = false;
+      sleep.sleep_until(w.call.stop, *next, [this] { return closing(); });
     }
   }
 
@@ -732,53 +747,94 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
   }
 
   // Executor::run_in_open_transaction, first half: the acquire in the caller's transaction.
+  // A key another transaction writes, or another caller's live lease holds, is waited for
+  // under the call's waiting policy (SPEC §7), as run() waits: asked again after each pause,
+  // woken by the store's notification, within the bound; only where the store can wait
+  // inside a transaction (TransactionalStore::can_wait_in_transaction), else InProgress at
+  // once.
   Result<std::string> begin_in_open_transaction(const SqlConnection& conn, std::string_view scope,
-                                                std::string_view key,
-                                                const OpenTransactionOptions& o,
+                                                std::string_view key, const CallOptions& options,
                                                 std::optional<Attempt>& attempt) {
     TransactionalStore& tx = transactional();
     if (closing()) throw shut_down_error();
+    validate_scope(scope);
+    validate_key(key);
+    const Call call = resolve(options);
     const RecordRef record{scope, key};
-    const auto started = events_ ? SteadyClock::now() : SteadyClock::time_point{};
-    const Duration lease = o.lease.value_or(options_.lease);
-    const Duration ttl = o.ttl.value_or(options_.ttl);
+    const auto started = SteadyClock::now();
     const std::optional<std::string_view> fingerprint =
-        o.fingerprint ? std::optional<std::string_view>(*o.fingerprint) : std::nullopt;
-    AcquireResult acquired = guarded(
-        [&] { return tx.acquire_in(conn, scope, key, lease, ttl, fingerprint, o.nowait); }, record);
-    if (auto* a = std::get_if<Acquired>(&acquired)) {
-      attempt.emplace(a->lease.token, a->lease.attempt, a->stolen, std::stop_token{});
-      if (events_ && a->stolen)
-        emit(EventKind::kStolen, record, a->lease.token, a->lease.attempt, started);
-      return {};
+        call.fingerprint ? std::optional<std::string_view>(*call.fingerprint) : std::nullopt;
+    tx.check_connection(conn, TransactionalStore::ConnectionUse::kJoin);
+    const bool may_wait = call.wait.max_wait > Duration::zero() && tx.can_wait_in_transaction();
+    const auto until =
+        started + std::chrono::duration_cast<SteadyClock::duration>(call.wait.max_wait);
+    detail::Backoff backoff(call.wait.initial_backoff, call.wait.max_backoff);
+    Wakeup wakeup;
+    std::unique_ptr<RecordWatch> watch;
+    bool watch_asked = false;
+    std::optional<std::stop_callback<std::reference_wrapper<Wakeup>>> on_close;
+    for (;;) {
+      AcquireResult acquired = guarded(
+          [&] {
+            return tx.acquire_in(conn, scope, key, call.lease, call.ttl, fingerprint,
+                                 /*nowait=*/true);
+          },
+          record);
+      if (auto* a = std::get_if<Acquired>(&acquired)) {
+        attempt.emplace(a->lease.token, a->lease.attempt, a->stolen, std::stop_token{});
+        if (events_ && a->stolen)
+          emit(EventKind::kStolen, record, a->lease.token, a->lease.attempt, started);
+        return {};
+      }
+      if (auto* busy = std::get_if<Busy>(&acquired)) {
+        check_fingerprint(busy->fingerprint, call.fingerprint, record);
+        const auto now = SteadyClock::now();
+        if (!may_wait || now >= until || call.stop.stop_requested()) {
+          if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
+          throw InProgress(busy->lease_expires_at, busy->lease_remaining, record);
+        }
+        if (closing()) throw shut_down_error();
+        if (!watch_asked) {
+          watch_asked = true;
+          watch = watch_record(record, [&wakeup] { wakeup.wake(); });
+          if (watch) {
+            // Ask once more now that the watch is on; from here polls are the fallback.
+            backoff.watched(call.wait.watched_backoff);
+            continue;
+          }
+        }
+        // A record another transaction writes has no lease deadline to cap the pause.
+        const Duration lease_left =
+            busy->lease_remaining > Duration::zero() ? busy->lease_remaining : call.wait.max_wait;
+        const auto pause = detail::poll_pause(backoff, lease_left, until - now);
+        backoff.advance();
+        if (!on_close) on_close.emplace(closing_source_.get_token(), std::ref(wakeup));
+        wakeup.sleep_until(call.stop, now + pause, [this] { return closing(); });
+        continue;
+      }
+      Replay& replay = std::get<Replay>(acquired);
+      check_fingerprint(replay.fingerprint, call.fingerprint, record);
+      if (events_) emit(EventKind::kReplayed, record, 0, 0, started);
+      Result<std::string> r;
+      r.replayed = true;
+      r.completed_at = replay.completed_at;
+      r.expires_at = replay.expires_at;
+      r.value = std::move(replay.payload);
+      return r;
     }
-    if (auto* busy = std::get_if<Busy>(&acquired)) {
-      check_fingerprint(busy->fingerprint, o.fingerprint, record);
-      if (events_) emit(EventKind::kInProgress, record, 0, 0, started);
-      throw InProgress(busy->lease_expires_at, busy->lease_remaining, record);
-    }
-    Replay& replay = std::get<Replay>(acquired);
-    check_fingerprint(replay.fingerprint, o.fingerprint, record);
-    if (events_) emit(EventKind::kReplayed, record, 0, 0, started);
-    Result<std::string> r;
-    r.replayed = true;
-    r.completed_at = replay.completed_at;
-    r.expires_at = replay.expires_at;
-    r.value = std::move(replay.payload);
-    return r;
   }
 
   // Executor::run_in_open_transaction, second half: the complete in the same transaction.
   Result<std::string> complete_in_open_transaction(const SqlConnection& conn,
                                                    std::string_view scope, std::string_view key,
                                                    const Attempt& attempt, std::string&& bytes,
-                                                   const OpenTransactionOptions& o) {
+                                                   const CallOptions& options) {
     TransactionalStore& tx = transactional();
     const RecordRef record{scope, key};
     const std::size_t limit = options_.max_payload;
     // Nothing to release: the caller's rollback takes the record away.
     if (bytes.size() > limit) throw PayloadTooLarge(bytes.size(), limit, record);
-    const Duration ttl = o.ttl.value_or(options_.ttl);
+    const Duration ttl = options.ttl.value_or(options_.ttl);
     const WriteResult written = guarded(
         [&] { return tx.complete_in(conn, scope, key, attempt.token(), bytes, ttl); }, record);
     if (written == WriteResult::kFenced) {
@@ -996,6 +1052,13 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         return "the record was deleted (forgotten by an operator, or purged) while this call "
                "held the lease" +
                tail;
+      }
+      if (now->state == RecordState::kInProgress && now->token == owner.token()) {
+        // Our own lease still holds the store's record: the write looked somewhere else.
+        return "the write found no record IN_PROGRESS under this lease where it looked, while "
+               "the store's record still is (lease " +
+               std::to_string(now->token) +
+               "): the connection it was written on does not reach the store's records" + tail;
       }
       if (now->state == RecordState::kInProgress) {
         return "another caller took the key over (lease " + std::to_string(now->token) +
@@ -1313,7 +1376,7 @@ TransactionalStore& Executor::transactional_store() const {
 Result<std::string> Executor::begin_in_open_transaction(const SqlConnection& conn,
                                                         std::string_view scope,
                                                         std::string_view key,
-                                                        const OpenTransactionOptions& options,
+                                                        const CallOptions& options,
                                                         std::optional<Attempt>& attempt) {
   if (!impl_) throw ShutDown("the executor was moved from");
   return impl_->begin_in_open_transaction(conn, scope, key, options, attempt);
@@ -1321,9 +1384,22 @@ Result<std::string> Executor::begin_in_open_transaction(const SqlConnection& con
 
 Result<std::string> Executor::complete_in_open_transaction(
     const SqlConnection& conn, std::string_view scope, std::string_view key, const Attempt& attempt,
-    std::string bytes, const OpenTransactionOptions& options) {
+    std::string bytes, const CallOptions& options) {
   if (!impl_) throw ShutDown("the executor was moved from");
   return impl_->complete_in_open_transaction(conn, scope, key, attempt, std::move(bytes), options);
+}
+
+void Executor::throw_action_ended_transaction(detail::AttemptCore& handle) {
+  const Token token = handle.token();
+  handle.abandon();
+  throw InvalidArgument(
+      "action",
+      "ended the transaction run_in_transaction began on its connection (a COMMIT or ROLLBACK "
+      "of its own), so its writes may have committed without the record: the key is kept, "
+      "IN_PROGRESS under lease " +
+          std::to_string(token) +
+          " until the lease runs out, and the next caller then takes it over (attempt 2, "
+          "stolen) to decide. Do not end the transaction inside the action");
 }
 
 Store& Executor::store() const {

@@ -31,7 +31,7 @@ WriteResult TransactionalStore::complete_in(const SqlConnection& conn, std::stri
   validate_key(key);
   validate_payload_size(payload.size(), kMaxPayloadBytes);
   validate_duration("ttl", ttl);
-  check_kind(conn);
+  check_connection(conn, ConnectionUse::kJoin);
   return do_complete_in(conn, scope, key, token, payload, ttl);
 }
 
@@ -43,12 +43,21 @@ AcquireResult TransactionalStore::acquire_in(const SqlConnection& conn, std::str
   validate_key(key);
   validate_duration("lease duration", lease);
   validate_duration("ttl", ttl);
-  check_kind(conn);
+  check_connection(conn, ConnectionUse::kJoin);
   return do_acquire_in(conn, scope, key, lease, ttl, fingerprint, nowait);
 }
 
-void TransactionalStore::begin(const SqlConnection& conn) {
+void TransactionalStore::check_connection(const SqlConnection& conn, ConnectionUse use) {
   check_kind(conn);
+  do_check_connection(conn, use);
+}
+
+bool TransactionalStore::outside_transaction(const SqlConnection& conn) const noexcept {
+  return conn.kind() == connection_kind() && do_outside_transaction(conn);
+}
+
+void TransactionalStore::begin(const SqlConnection& conn) {
+  check_connection(conn, ConnectionUse::kBegin);
   do_begin(conn);
 }
 

@@ -162,6 +162,9 @@ class PostgresStore final : public Store, public TransactionalStore {
   void do_begin(const SqlConnection& conn) override;
   void do_commit(const SqlConnection& conn) override;
   void do_rollback(const SqlConnection& conn) noexcept override;
+  void do_check_connection(const SqlConnection& conn, ConnectionUse use) override;
+  bool can_wait_in_transaction() const noexcept override { return true; }
+  bool do_outside_transaction(const SqlConnection& conn) const noexcept override;
   SqlConnection::Kind connection_kind() const noexcept override;
 
  private:

@@ -105,6 +105,8 @@ class SqliteStore final : public Store, public TransactionalStore {
   void do_begin(const SqlConnection& conn) override;
   void do_commit(const SqlConnection& conn) override;
   void do_rollback(const SqlConnection& conn) noexcept override;
+  void do_check_connection(const SqlConnection& conn, ConnectionUse use) override;
+  bool do_outside_transaction(const SqlConnection& conn) const noexcept override;
   SqlConnection::Kind connection_kind() const noexcept override;
 
  private:

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -79,6 +80,9 @@ constexpr std::size_t kPurgeBatch = 1000;
 // An empty acquire result means another caller wrote a live record in between; each retry
 // follows progress by somebody else, so a long run of them means something is wrong.
 constexpr int kMaxAcquireRounds = 64;
+// How many caller sessions a store remembers as checked to be on its database (SPEC §14);
+// past that the oldest is asked again on its next call.
+constexpr std::size_t kRememberedSessions = 256;
 // A deadlock or serialization failure was rolled back and is retried this many times.
 constexpr int kMaxConflictRetries = 3;
 // The advisory lock the store takes when it opens, to see that the server's advisory locks
@@ -111,6 +115,12 @@ struct PostgresStore::Impl {
   std::string channel;
   std::unique_ptr<postgres::Listener> listener;
   std::atomic<int> absent_score{0};
+  // SPEC §14: which database and table the store's records are in, as the server names them
+  // (identity_sql's answer on the store's first connection), and the caller sessions seen
+  // to answer the same (check_caller_database).
+  std::string identity;
+  std::mutex sessions_mu;
+  std::vector<std::pair<const PGconn*, int>> sessions;  // guarded by sessions_mu
   // A read waits on the server's CPU, not its disk: its batches are balanced
   // (docs/stores/postgres.md, *Balanced read batches*).
   ReadBatcher reads{kMaxBatch,
@@ -156,6 +166,15 @@ struct PostgresStore::Impl {
     first->set_use(use);
     if (use.own_session) first->exec(session_setup, deadline);
     prepare_table(*first, deadline);
+    try {
+      identity = first->exec(identity_sql(), deadline).text(0, 0);
+    } catch (const StoreUnavailable&) {
+      // A look-alike (server=any) that cannot name its database this way: a caller's
+      // connection is then taken on trust (docs/stores/postgres.md).
+      if (options.check_server) throw;
+      first = std::make_unique<Connection>(conn_params, describe, options.timeout, use, deadline);
+      if (use.own_session) first->exec(session_setup, deadline);
+    }
     if (options.notify && !options.read_only) channel = postgres::notify_channel(names);
     st = std::make_unique<Statements>(postgres::Sql(names, channel), names.display(), options);
     listener = make_listener();
@@ -169,6 +188,62 @@ struct PostgresStore::Impl {
         },
         describe, options.timeout);
     pool->adopt(std::move(first));
+  }
+
+  // SPEC §14: one text that names the store's database and table by identity, not by name:
+  // the cluster's system identifier ('?' where the role may not read it), the database's
+  // OID and the table's OID ('' where the table does not exist there). Harmless inside a
+  // caller's transaction: it reads catalogs and fails for nothing (to_regclass, not
+  // ::regclass; the privilege asked, not assumed).
+  std::string identity_sql() const {
+    return "SELECT concat_ws('/', coalesce(CASE WHEN has_function_privilege("
+           "'pg_catalog.pg_control_system()', 'EXECUTE') THEN (SELECT system_identifier::text "
+           "FROM pg_catalog.pg_control_system()) END, '?'), (SELECT oid::text FROM "
+           "pg_catalog.pg_database WHERE datname = current_database()), coalesce(to_regclass('" +
+           names.table() + "')::oid::text, ''))";
+  }
+
+  // Refuses a caller's connection that reaches another database or table than the store's
+  // own (SPEC §14): asked once per server session of `conn` (a PGconn and its backend pid,
+  // which a reconnection or a pooler's new client changes), remembered after.
+  void check_caller_database(PGconn* conn) {
+    if (identity.empty()) return;  // a look-alike that cannot tell (see the constructor)
+    const std::pair<const PGconn*, int> session{conn, PQbackendPID(conn)};
+    {
+      std::lock_guard lock(sessions_mu);
+      if (std::find(sessions.begin(), sessions.end(), session) != sessions.end()) return;
+    }
+    const std::string theirs =
+        postgres::run_on_caller(conn, identity_sql(), nullptr, {}, describe).text(0, 0);
+    if (!same_identity(identity, theirs)) {
+      const char* db = PQdb(conn);
+      throw InvalidArgument(
+          "connection",
+          std::string("reaches another database or table than the store's records (it is on "
+                      "database '") +
+              (db ? db : "?") + "', server " + (PQhost(conn) ? PQhost(conn) : "?") + ":" +
+              (PQport(conn) ? PQport(conn) : "?") + "; the store's records are in " +
+              names.display() + " of " + describe +
+              ", compared by the cluster's system identifier and the database's and table's "
+              "OIDs): a record written there would not be the store's, so nothing was acquired");
+    }
+    std::lock_guard lock(sessions_mu);
+    if (sessions.size() >= kRememberedSessions) sessions.erase(sessions.begin());
+    sessions.push_back(session);
+  }
+
+  // identity_sql's answers name the same database and table ('?', an identifier this role
+  // may not read, matches any).
+  static bool same_identity(std::string_view ours, std::string_view theirs) {
+    const auto cut = [](std::string_view id) {
+      const std::size_t slash = id.find('/');
+      return std::pair{id.substr(0, slash),
+                       slash == std::string_view::npos ? std::string_view() : id.substr(slash)};
+    };
+    const auto [our_system, our_rest] = cut(ours);
+    const auto [their_system, their_rest] = cut(theirs);
+    if (our_rest != their_rest || our_rest.empty()) return false;
+    return our_system == their_system || our_system == "?" || their_system == "?";
   }
 
   // The listener for watches, or null when the store cannot listen: notify is off, the
@@ -723,12 +798,20 @@ PostgresListenerStats PostgresStore::listener_stats() const {
 
 namespace {
 
-// A caller's connection the store may write on: inside a healthy transaction.
-void check_caller(PGconn* conn, const std::string& store) {
+// The state `use` needs of a caller's connection: inside a healthy transaction (kJoin), or
+// outside any (kBegin).
+void check_caller_state(PGconn* conn, TransactionalStore::ConnectionUse use,
+                        const std::string& store) {
+  const bool join = use == TransactionalStore::ConnectionUse::kJoin;
   switch (PQtransactionStatus(conn)) {
     case PQTRANS_INTRANS:
-      return;
+      if (join) return;
+      throw InvalidArgument("connection",
+                            "is inside a transaction already; run_in_transaction begins and "
+                            "commits its own (use run_in_open_transaction in a transaction of "
+                            "yours)");
     case PQTRANS_IDLE:
+      if (!join) return;
       throw InvalidArgument("connection",
                             "is not inside a transaction: BEGIN on it first, so that the record "
                             "commits with your writes");
@@ -746,12 +829,25 @@ void check_caller(PGconn* conn, const std::string& store) {
 
 }  // namespace
 
-TransactionalStore* PostgresStore::transactions() noexcept {
-  return impl_->options.read_only ? nullptr : this;
-}
+TransactionalStore* PostgresStore::transactions() noexcept { return this; }
 
 SqlConnection::Kind PostgresStore::connection_kind() const noexcept {
   return SqlConnection::Kind::kPostgres;
+}
+
+void PostgresStore::do_check_connection(const SqlConnection& conn, ConnectionUse use) {
+  Impl& s = *impl_;
+  if (s.options.read_only) {
+    throw InvalidArgument("store", s.describe +
+                                       " was opened read-only: it cannot write records in your "
+                                       "transaction (open it without read_only)");
+  }
+  check_caller_state(conn.pg(), use, s.describe);
+  s.check_caller_database(conn.pg());
+}
+
+bool PostgresStore::do_outside_transaction(const SqlConnection& conn) const noexcept {
+  return PQtransactionStatus(conn.pg()) == PQTRANS_IDLE;
 }
 
 WriteResult PostgresStore::do_complete_in(const SqlConnection& conn, std::string_view scope,
@@ -759,7 +855,6 @@ WriteResult PostgresStore::do_complete_in(const SqlConnection& conn, std::string
                                           std::string_view payload, Duration ttl) {
   Impl& s = *impl_;
   PGconn* pg = conn.pg();
-  check_caller(pg, s.describe);
   Params p;
   p.bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)).bytes(payload).int8(ttl.count());
   s.hash_of(p, scope, key);
@@ -783,7 +878,6 @@ AcquireResult PostgresStore::do_acquire_in(const SqlConnection& conn, std::strin
                                            bool nowait) {
   Impl& s = *impl_;
   PGconn* pg = conn.pg();
-  check_caller(pg, s.describe);
   const Statement& statement = nowait ? s.st->acquire_nowait : s.st->acquire;
   for (int round = 0; round < kMaxAcquireRounds; ++round) {
     Params p;
@@ -814,14 +908,7 @@ AcquireResult PostgresStore::do_acquire_in(const SqlConnection& conn, std::strin
 }
 
 void PostgresStore::do_begin(const SqlConnection& conn) {
-  PGconn* pg = conn.pg();
-  if (PQtransactionStatus(pg) != PQTRANS_IDLE) {
-    if (PQtransactionStatus(pg) == PQTRANS_UNKNOWN) check_caller(pg, impl_->describe);
-    throw InvalidArgument("connection",
-                          "is inside a transaction already; run_in_transaction "
-                          "begins and commits its own");
-  }
-  (void)postgres::run_on_caller(pg, "BEGIN", nullptr, {}, impl_->describe);
+  (void)postgres::run_on_caller(conn.pg(), "BEGIN", nullptr, {}, impl_->describe);
 }
 
 void PostgresStore::do_commit(const SqlConnection& conn) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -109,6 +110,14 @@ struct SqliteStore::Impl {
   std::atomic<Checkpoint> checkpoint{Checkpoint::kIdle};
   std::atomic<int> wal_frames{0};  // frames in the WAL after the writer's last commit
 
+  // The store's file as the operating system names it (device, inode), for SPEC §14's check
+  // that a caller's connection is on it; unset only if the file could not be stat()ed.
+  struct FileId {
+    dev_t dev;
+    ino_t ino;
+  };
+  std::optional<FileId> file_id;
+
   // SPEC §7's same-machine signal; null when read-only, turned off or unavailable.
   std::unique_ptr<sqlite::WakeSignal> wake;
 
@@ -148,6 +157,11 @@ struct SqliteStore::Impl {
       throw StoreUnavailable(describe, why);
     }
     idle.push_back(open(/*first=*/true));
+    // SPEC §14: the file a caller's connection must be on, by identity (device and inode),
+    // recorded once the file exists; a name alone can lead elsewhere (a link, a file
+    // replaced since, a caller that opened another file by the same relative path).
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) file_id = FileId{st.st_dev, st.st_ino};
     if (options.notify && mode != OpenMode::kReadOnly) wake = sqlite::WakeSignal::open(path);
   }
 
@@ -466,47 +480,65 @@ struct CallerStatements {
   CallerStatements(sqlite3* db, const std::string& store) : conn(db, store) {}
 };
 
-// The same file, whatever path each was opened by.
-bool same_file(const std::string& a, const char* b) {
-  if (b == nullptr || *b == '\0') return false;  // a temporary or in-memory database
-  std::error_code ec;
-  const bool same = std::filesystem::equivalent(a, b, ec);
-  return !ec && same;
-}
-
 }  // namespace
 
-TransactionalStore* SqliteStore::transactions() noexcept {
-  return impl_->mode == OpenMode::kReadOnly ? nullptr : this;
-}
+TransactionalStore* SqliteStore::transactions() noexcept { return this; }
 
 SqlConnection::Kind SqliteStore::connection_kind() const noexcept {
   return SqlConnection::Kind::kSqlite;
 }
 
-namespace {
-
-// A connection the store may write on: inside a transaction, on the store's own file.
-void check_caller(sqlite3* db, const std::string& path, bool in_transaction) {
-  if (!same_file(path, sqlite3_db_filename(db, "main"))) {
-    const char* theirs = sqlite3_db_filename(db, "main");
-    throw InvalidArgument("connection", std::string("is on ") +
-                                            (theirs && *theirs ? theirs : "a temporary database") +
-                                            ", not on the store's file " + path);
+void SqliteStore::do_check_connection(const SqlConnection& conn, ConnectionUse use) {
+  const Impl& s = *impl_;
+  if (s.mode == OpenMode::kReadOnly) {
+    throw InvalidArgument("store", s.describe +
+                                       " was opened read-only: it cannot write records in your "
+                                       "transaction (open it without read_only)");
   }
-  if (in_transaction && sqlite3_get_autocommit(db) != 0) {
+  sqlite3* db = conn.sqlite();
+  // The caller's file, by identity: the same device and inode as the store's file.
+  const char* theirs = sqlite3_db_filename(db, "main");
+  if (theirs == nullptr || *theirs == '\0') {
+    throw InvalidArgument("connection",
+                          "is on a temporary or in-memory database, not on the "
+                          "store's file " +
+                              s.path);
+  }
+  struct stat st {};
+  const bool same = s.file_id && ::stat(theirs, &st) == 0 && st.st_dev == s.file_id->dev &&
+                    st.st_ino == s.file_id->ino;
+  if (!same) {
+    throw InvalidArgument("connection", std::string("is on ") + theirs +
+                                            ", not on the store's file " + s.path +
+                                            " (compared by device and inode)");
+  }
+  if (sqlite3_db_readonly(db, "main") == 1) {
+    throw InvalidArgument("connection",
+                          "is read-only (opened with SQLITE_OPEN_READONLY, or the file is not "
+                          "writable by this process): the record cannot be written on it");
+  }
+  const bool in_transaction = sqlite3_get_autocommit(db) == 0;
+  if (use == ConnectionUse::kJoin && !in_transaction) {
     throw InvalidArgument("connection",
                           "is not inside a transaction: BEGIN IMMEDIATE on it first, so that "
                           "the record commits with your writes");
   }
+  if (use == ConnectionUse::kBegin && in_transaction) {
+    // Refused at once: the store's own write would wait for this transaction's lock.
+    throw InvalidArgument("connection",
+                          "is inside a transaction already; run_in_transaction begins and "
+                          "commits its own (use run_in_open_transaction in a transaction of "
+                          "yours)");
+  }
 }
 
-}  // namespace
+bool SqliteStore::do_outside_transaction(const SqlConnection& conn) const noexcept {
+  return sqlite3_get_autocommit(conn.sqlite()) != 0;
+}
 
 WriteResult SqliteStore::do_complete_in(const SqlConnection& conn, std::string_view scope,
                                         std::string_view key, Token token, std::string_view payload,
                                         Duration ttl) {
-  check_caller(conn.sqlite(), impl_->path, true);
   CallerStatements c(conn.sqlite(), impl_->describe);
   c.complete = c.conn.prepare(kSqlComplete, "complete in the caller's transaction");
   c.completed_by = c.conn.prepare(kSqlCompletedBy, "complete in the caller's transaction: check");
@@ -523,7 +555,6 @@ AcquireResult SqliteStore::do_acquire_in(const SqlConnection& conn, std::string_
                                          std::string_view key, Duration lease, Duration ttl,
                                          std::optional<std::string_view> fingerprint,
                                          bool /*nowait: the caller's BEGIN IMMEDIATE waited*/) {
-  check_caller(conn.sqlite(), impl_->path, true);
   CallerStatements c(conn.sqlite(), impl_->describe);
   c.select_record = c.conn.prepare(kSqlSelectRecord, "acquire in the caller's transaction: read");
   c.next_token = c.conn.prepare(kSqlNextToken, "acquire in the caller's transaction: token");
@@ -538,13 +569,7 @@ AcquireResult SqliteStore::do_acquire_in(const SqlConnection& conn, std::string_
 }
 
 void SqliteStore::do_begin(const SqlConnection& conn) {
-  check_caller(conn.sqlite(), impl_->path, false);
   const Connection c(conn.sqlite(), impl_->describe);
-  if (c.in_transaction()) {
-    throw InvalidArgument("connection",
-                          "is inside a transaction already; run_in_transaction "
-                          "begins and commits its own");
-  }
   c.exec("BEGIN IMMEDIATE", "cannot begin the caller's transaction");
 }
 

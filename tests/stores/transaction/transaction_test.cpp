@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -374,6 +375,12 @@ class LostCommitAnswer final : public StoreWrapper, public TransactionalStore {
     throw StoreUnavailable(describe(), "the COMMIT's answer was lost (injected)");
   }
   void do_rollback(const SqlConnection& c) noexcept override { inner().rollback(c); }
+  void do_check_connection(const SqlConnection& c, ConnectionUse use) override {
+    inner().check_connection(c, use);
+  }
+  bool do_outside_transaction(const SqlConnection& c) const noexcept override {
+    return const_cast<LostCommitAnswer*>(this)->inner().outside_transaction(c);
+  }
   SqlConnection::Kind connection_kind() const noexcept override { return kind_; }
 
  private:
@@ -453,11 +460,16 @@ TEST_P(TransactionTest, OpenTransactionDuplicateWaitsAndReplays) {
   Result<std::string> seen;
   std::thread other([&] {
     auto conn = db_->connect();
-    conn->begin();  // SQLite waits here, PostgreSQL on the record's lock
-    seen = exec.run_in_open_transaction(conn->conn(), "s", "k12", [&](const Attempt&) {
-      conn->exec(insert_effect("k12"));
-      return std::string("second");
-    });
+    conn->begin();  // SQLite waits here; PostgreSQL under the call's waiting policy
+    CallOptions wait;
+    wait.wait = WaitPolicy{.max_wait = 20s};
+    seen = exec.run_in_open_transaction(
+        conn->conn(), "s", "k12",
+        [&](const Attempt&) {
+          conn->exec(insert_effect("k12"));
+          return std::string("second");
+        },
+        wait);
     conn->commit();
     done = true;
   });
@@ -470,8 +482,10 @@ TEST_P(TransactionTest, OpenTransactionDuplicateWaitsAndReplays) {
   EXPECT_EQ(effects_of("k12"), 1);
 }
 
-// nowait (PostgreSQL): a duplicate answers InProgress at once instead of waiting.
-TEST_P(TransactionTest, OpenTransactionNowaitAnswersBusyAtOnce) {
+// One waiting policy for every form: with none (the executor's default), a duplicate in
+// another transaction answers InProgress at once instead of waiting (PostgreSQL; SQLite's
+// duplicate waits at its BEGIN IMMEDIATE, before idem is called).
+TEST_P(TransactionTest, OpenTransactionWithoutAWaitingPolicyAnswersBusyAtOnce) {
   if (caller_->conn().kind() != SqlConnection::Kind::kPostgres) {
     GTEST_SKIP() << "SQLite has no row locks: a duplicate waits at its BEGIN IMMEDIATE";
   }
@@ -483,16 +497,24 @@ TEST_P(TransactionTest, OpenTransactionNowaitAnswersBusyAtOnce) {
   });
   auto other = db_->connect();
   other->begin();
-  OpenTransactionOptions nowait;
-  nowait.nowait = true;
-  EXPECT_THROW(exec.run_in_open_transaction(
-                   other->conn(), "s", "k15",
-                   [&](const Attempt&) -> std::string {
-                     ADD_FAILURE() << "ran beside the first";
-                     return "second";
-                   },
-                   nowait),
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(exec.run_in_open_transaction(other->conn(), "s", "k15",
+                                            [&](const Attempt&) -> std::string {
+                                              ADD_FAILURE() << "ran beside the first";
+                                              return "second";
+                                            }),
                InProgress);
+  // At once: not after the caller's statement or lock timeout.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+  other->rollback();
+  // With a bound too short for the first to end: InProgress once it runs out.
+  other->begin();
+  CallOptions brief;
+  brief.wait = WaitPolicy{.max_wait = 200ms};
+  EXPECT_THROW(
+      exec.run_in_open_transaction(
+          other->conn(), "s", "k15", [&](const Attempt&) { return std::string("x"); }, brief),
+      InProgress);
   other->rollback();
   caller_->commit();
   EXPECT_EQ(effects_of("k15"), 1);
@@ -559,6 +581,216 @@ TEST(SqliteSharedFile, IdemTablesJoinTheApplicationsDatabase) {
   auto again = open_store("sqlite://" + path + "?shared=1");
   EXPECT_TRUE(std::holds_alternative<Busy>(again->acquire("s", "k", 30s, 1h)));
 }
+
+// Issue 36: a connection already inside a transaction is refused by run_in_transaction at
+// once (SQLite: before the store's own write waits out its busy timeout on the caller's
+// lock), with nothing acquired.
+TEST_P(TransactionTest, RunInTransactionRefusesAConnectionInATransactionBeforeAcquiring) {
+  Executor exec(db_->store(), options());
+  caller_->begin();
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    exec.run_in_transaction(caller_->conn(), "s", "k20", [&](const Attempt&) -> std::string {
+      ADD_FAILURE() << "ran";
+      return "";
+    });
+    ADD_FAILURE() << "a connection inside a transaction was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("inside a transaction already"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 5s);
+  caller_->rollback();
+  EXPECT_FALSE(record("k20"));
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// Issue 36: an action that commits the transaction run_in_transaction began: its writes are
+// durable without the record, so the key is kept (never released): IN_PROGRESS under the
+// same lease until it runs out, then taken over as attempt 2, stolen. No second run slips
+// in meanwhile.
+TEST_P(TransactionTest, AnActionThatCommitsItselfKeepsTheKeyUntilItsLeaseRunsOut) {
+  Executor exec(db_->store(), options(1500ms));
+  Token token = 0;
+  try {
+    exec.run_in_transaction(caller_->conn(), "s", "k21", [&](const Attempt& a) {
+      token = a.token();
+      caller_->exec(insert_effect("k21"));
+      caller_->commit();  // the action ends the transaction itself
+      return std::string("done");
+    });
+    ADD_FAILURE() << "an action that committed was recorded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "action");
+    EXPECT_NE(std::string(e.what()).find("the key is kept"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(effects_of("k21"), 1);
+  auto rec = record("k21");
+  ASSERT_TRUE(rec) << "the record was released: the next caller would run the action again";
+  EXPECT_EQ(rec->state, RecordState::kInProgress);
+  EXPECT_EQ(rec->token, token);
+  EXPECT_EQ(exec.active_leases(), 0u);  // abandoned: no heartbeat keeps it alive
+  // Busy until the lease runs out...
+  EXPECT_THROW(exec.run("s", "k21", [](const Attempt&) { return std::string("again"); }),
+               InProgress);
+  // ...then a marked takeover.
+  std::this_thread::sleep_for(1600ms);
+  auto r = exec.run("s", "k21", [](const Attempt& a) {
+    EXPECT_TRUE(a.stolen());
+    EXPECT_EQ(a.number(), 2u);
+    return std::string("taken over");
+  });
+  EXPECT_FALSE(r.replayed);
+  EXPECT_TRUE(r.stolen);
+}
+
+// The same when the action ends the transaction and then throws: its exception goes
+// through, and the key is kept rather than released.
+TEST_P(TransactionTest, AnActionThatRollsBackItselfAndThrowsKeepsTheKey) {
+  Executor exec(db_->store(), options(30s));
+  EXPECT_THROW(exec.run_in_transaction(caller_->conn(), "s", "k22",
+                                       [&](const Attempt&) -> std::string {
+                                         caller_->rollback();
+                                         throw std::runtime_error("boom");
+                                       }),
+               std::runtime_error);
+  auto rec = record("k22");
+  ASSERT_TRUE(rec);
+  EXPECT_EQ(rec->state, RecordState::kInProgress);
+  EXPECT_EQ(exec.active_leases(), 0u);
+}
+
+// Issue 36: every transactional form refuses a caller's connection on another database
+// that has an idem table of its own, before anything is acquired in either: nothing runs,
+// no record is left in the store's database nor in the other one. `other` is the other
+// database's store (its table made), `conn` a caller's connection on it.
+void expect_other_database_refused(Executor& exec, Store& other, CallerConn& conn,
+                                   const std::string& key) {
+  const auto refused = [&](const std::function<void()>& call, const char* form) {
+    try {
+      call();
+      ADD_FAILURE() << form << " took a connection on another database";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.argument(), "connection") << form << ": " << e.what();
+    }
+  };
+  auto never = [&](const Attempt&) -> std::string {
+    ADD_FAILURE() << "the action ran";
+    return "x";
+  };
+  refused([&] { exec.run_in_transaction(conn.conn(), "s", key, never); }, "run_in_transaction");
+  conn.begin();
+  refused([&] { exec.run_in_open_transaction(conn.conn(), "s", key, never); },
+          "run_in_open_transaction");
+  auto begun = exec.begin("s", key);
+  ASSERT_EQ(begun.kind(), BeginKind::kAcquired);
+  AttemptHandle<>& h = *begun.handle();
+  refused([&] { h.complete_in(conn.conn(), "v"); }, "complete_in");
+  EXPECT_TRUE(h.active());
+  EXPECT_FALSE(h.completing());
+  conn.rollback();
+  h.release();
+  EXPECT_FALSE(exec.store().get("s", key)) << "a record was left in the store's database";
+  EXPECT_FALSE(other.get("s", key)) << "a record was written in the other database";
+}
+
+TEST(OtherDatabase, SqliteRefusesAConnectionOnAnotherFileWithItsOwnIdemTable) {
+  SqliteDatabase a;
+  SqliteDatabase b;  // its own effects table and idem records
+  Executor exec(a.store());
+  auto conn = b.connect();
+  expect_other_database_refused(exec, *b.store(), *conn, "k1");
+  // A link to the other file is still the other file; one to the store's own is its own.
+  const auto link = a.dir() / "link.db";
+  std::filesystem::create_symlink(b.path(), link);
+  SqliteConn linked(link.string());
+  expect_other_database_refused(exec, *b.store(), linked, "k2");
+  const auto own_link = a.dir() / "own.db";
+  std::filesystem::create_symlink(a.path(), own_link);
+  SqliteConn own(own_link.string());
+  auto r = exec.run_in_transaction(own.conn(), "s", "k3", [](const Attempt&) { return 3; });
+  EXPECT_EQ(r.value, 3);
+}
+
+TEST(OtherDatabase, ReadOnlySqliteStoreSaysItIsReadOnly) {
+  SqliteDatabase db;
+  Executor exec(std::make_shared<SqliteStore>(
+      SqliteStoreOptions{.path = db.path(), .read_only = true, .shared = true}));
+  auto conn = db.connect();
+  try {
+    exec.run_in_transaction(conn->conn(), "s", "k", [](const Attempt&) { return 1; });
+    ADD_FAILURE() << "a read-only store joined a transaction";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("not in a SQL database"), std::string::npos) << e.what();
+  }
+}
+
+#ifdef IDEM_TEST_WITH_POSTGRES
+// The test server's URL with another database name.
+std::string with_database(std::string url, const std::string& db) {
+  const std::size_t query = url.find('?');
+  std::string tail = query == std::string::npos ? "" : url.substr(query);
+  if (query != std::string::npos) url.resize(query);
+  url.resize(url.rfind('/') + 1);
+  return url + db + tail;
+}
+
+// Database B beside the test database A, with an idem table of the same name as the
+// store's on A (its own store opened there) and the caller's effects table.
+class OtherPgDatabase {
+ public:
+  explicit OtherPgDatabase(const std::string& table)
+      : name_("idem_other_" + std::to_string(::getpid())) {
+    PgConn admin(testing::postgres_url());
+    admin.exec("DROP DATABASE IF EXISTS " + name_);
+    admin.exec("CREATE DATABASE " + name_);
+    store_ = std::make_shared<PostgresStore>(
+        PostgresStoreOptions{.conninfo = url(testing::postgres_url()), .table = table});
+  }
+  ~OtherPgDatabase() {
+    store_.reset();
+    try {
+      PgConn(testing::postgres_url()).exec("DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE)");
+    } catch (...) {
+    }
+  }
+  std::string url(const std::string& server) const { return with_database(server, name_); }
+  Store& store() { return *store_; }
+
+ private:
+  std::string name_;
+  std::shared_ptr<Store> store_;
+};
+
+TEST(OtherDatabase, PostgresRefusesAConnectionOnAnotherDatabaseWithItsOwnIdemTable) {
+  const std::string table = testing::fresh_table("xdb");
+  auto store = std::make_shared<PostgresStore>(
+      PostgresStoreOptions{.conninfo = testing::postgres_url(), .table = table});
+  OtherPgDatabase other(table);
+  Executor exec(store);
+  PgConn direct(other.url(testing::postgres_url()));
+  expect_other_database_refused(exec, other.store(), direct, "k1");
+  // Behind PgBouncer (both pooling modes), where the connection's own name says nothing.
+  int through = 0;
+  for (const char* env : {"IDEM_TEST_PGBOUNCER_TX_URL", "IDEM_TEST_PGBOUNCER_SESSION_URL"}) {
+    const char* bouncer = std::getenv(env);
+    if (bouncer == nullptr || *bouncer == '\0') continue;
+    ++through;
+    PgConn pooled(other.url(bouncer));
+    expect_other_database_refused(exec, other.store(), pooled, std::string("k-") + env);
+    // The store's own database through the same pooler is taken.
+    PgConn own(bouncer);
+    auto r = exec.run_in_transaction(own.conn(), "s", std::string("own-") + env,
+                                     [](const Attempt&) { return 7; });
+    EXPECT_EQ(r.value, 7);
+  }
+  if (std::getenv("IDEM_REQUIRE_SERVERS") != nullptr) {
+    EXPECT_EQ(through, 2) << "the PgBouncer URLs were not set";
+  }
+  PgConn(testing::postgres_url()).exec("DROP TABLE IF EXISTS " + table);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Stores, TransactionTest, ::testing::ValuesIn(kinds()),
                          [](const auto& info) { return info.param; });
