@@ -6,8 +6,29 @@
 #include <vector>
 
 #include "commands.h"
+#include "common.h"
 
 namespace idem::cli {
+#if !defined(IDEM_WITH_PROXY)
+namespace {
+
+// `idem proxy` in a tool built without it (-DIDEM_BUILD_PROXY=OFF, as scripts/run.sh
+// builds its own): whatever follows, the command says so and how to get it.
+Command add_missing_proxy_command(CLI::App& parent) {
+  CLI::App* app = parent.add_subcommand(
+      "proxy", "Not in this build (configured with -DIDEM_BUILD_PROXY=OFF): see docs/proxy.md");
+  app->prefix_command();  // its arguments are not parsed: any of them gets the message below
+  return Command{app, []() -> int {
+                   print_error("proxy",
+                               "this idem was built without `idem proxy` (configured with "
+                               "-DIDEM_BUILD_PROXY=OFF, as scripts/run.sh builds its own); "
+                               "build the tool with -DIDEM_BUILD_PROXY=ON, the default, for it");
+                   return kExitUsage;
+                 }};
+}
+
+}  // namespace
+#endif
 
 std::vector<Command> build_app(CLI::App& app, const std::string& version) {
   app.name("idem");
@@ -28,6 +49,10 @@ std::vector<Command> build_app(CLI::App& app, const std::string& version) {
     // has none: everything from its command on belongs to the command).
     if (command.app->get_name() != "run") command.app->allow_extras();
   }
+#if !defined(IDEM_WITH_PROXY)
+  // After the loop: its arguments are its own (prefix_command), never reported as extras.
+  commands.push_back(add_missing_proxy_command(app));
+#endif
   return commands;
 }
 

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Installs, with apt-get, whatever of the build and test dependencies is missing.
-# Sourced by scripts/run.sh and scripts/test.sh.
+# Sourced by scripts/run.sh, scripts/test.sh and scripts/soak.sh.
 set -euo pipefail
 
+# What scripts/run.sh's build needs: the `idem` tool on the SQLite store alone (no other
+# store, no `idem proxy`, no Python package, tests, benchmarks or examples).
+IDEM_RUN_PACKAGES=(
+  build-essential cmake ninja-build
+  libsqlite3-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+)
+
+# Everything: the full build and every test (scripts/test.sh).
 IDEM_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
-  libsqlite3-dev sqlite3 libhiredis-dev
+  "${IDEM_RUN_PACKAGES[@]}"
+  pkg-config git sqlite3 libhiredis-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libfmt-dev nlohmann-json3-dev
   postgresql-15 postgresql-client-15 libpq-dev faketime redis-server redis-tools
   pgbouncer  # in front of the test PostgreSQL in both pooling modes (scripts/servers.sh)
   libboost-dev libssl-dev curl wrk
@@ -22,9 +29,11 @@ IDEM_PACKAGES=(
   python3-httpx
 )
 
+# idem_install_deps [PACKAGE...]: the packages given (by default IDEM_PACKAGES).
 idem_install_deps() {
-  local missing=()
-  for p in "${IDEM_PACKAGES[@]}"; do
+  local wanted=("$@") missing=()
+  ((${#wanted[@]})) || wanted=("${IDEM_PACKAGES[@]}")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then

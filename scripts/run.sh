@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# The main job: builds the library and the `idem` tool, then runs a command twice under one
-# key on the default embedded SQLite store, showing the second run replay the first.
+# The main job: builds the `idem` tool, then runs a command twice under one key on the
+# default embedded SQLite store, showing the second run replay the first.
+#
+# The demo needs the tool on SQLite and nothing else, so it is built in a directory of its
+# own, build/run (build/release, the full build of scripts/test.sh, is left alone), with
+# the SQLite store only: no PostgreSQL or Redis store, no `idem proxy`, no Python package,
+# tests, benchmarks or examples; and only the packages that build needs are installed
+# (IDEM_RUN_PACKAGES in scripts/deps.sh). README.md says how long the first build takes.
 # Usage: bash scripts/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
-idem_install_deps
+idem_install_deps "${IDEM_RUN_PACKAGES[@]}"
 
-cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIDEM_WITH_SQLITE=ON >/dev/null
-cmake --build build/release -j "$(nproc)" --target idem_cli
-idem=build/release/cli/idem
+build=build/run
+echo "== configuring $build: the idem tool on the SQLite store alone"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DIDEM_WITH_SQLITE=ON -DIDEM_WITH_POSTGRES=OFF -DIDEM_WITH_REDIS=OFF \
+  -DIDEM_BUILD_PROXY=OFF -DIDEM_BUILD_PYTHON=OFF -DIDEM_WITH_TESTING=OFF \
+  -DIDEM_BUILD_TESTS=OFF -DIDEM_BUILD_BENCH=OFF -DIDEM_BUILD_EXAMPLES=OFF >/dev/null
+echo "== building $build/cli/idem (the first time compiles about 45 files, a few minutes;"
+echo "   later runs rebuild nothing)"
+cmake --build "$build" -j "$(nproc)" --target idem_cli
+idem=$build/cli/idem
 
 key="demo-$(date +%s)-$$"
 echo
