@@ -313,6 +313,21 @@ std::string ask_sentinels(const ConnectionSettings& s, std::string& host, int& p
   return "no sentinel named a primary for \"" + s.sentinel_service + "\" (" + failures + ")";
 }
 
+// A plain TCP connection whose first exchange failed with a reset, an end of file or bytes
+// that are not RESP: what a server expecting TLS on that port does to a client that sends
+// no TLS handshake (Redis resets it). The likely cause is named, as a likely cause only:
+// a server that restarted at that moment looks the same.
+std::string plain_to_tls_port(std::string error) {
+  if (error.find(errno_text(ECONNRESET)) != std::string::npos ||
+      error.find(errno_text(EPIPE)) != std::string::npos ||
+      error == "the server closed the connection" || error.rfind("protocol error", 0) == 0) {
+    error +=
+        " (right after the connection opened: the server may expect TLS on this port; if "
+        "so, use a rediss:// URL)";
+  }
+  return error;
+}
+
 // Connects to host:port (or the socket), then AUTH, SELECT, checks and SCRIPT LOAD; `where`
 // names the server in errors.
 Context open_at(const ConnectionSettings& settings, const std::string& host, int port,
@@ -392,13 +407,21 @@ Context open_at(const ConnectionSettings& settings, const std::string& host, int
     what.emplace_back("SCRIPT LOAD");
   }
   if (what.empty()) return link;
+  // Plain TCP: a failure of the first exchange may be a TLS port (plain_to_tls_port).
+  const bool plain_tcp = !link->tls && settings.socket.empty();
   std::vector<iovec> iov{{request.data(), request.size()}};
-  if (error = link_send(*link, iov, settings.io_timeout); !error.empty()) return {};
+  if (error = link_send(*link, iov, settings.io_timeout); !error.empty()) {
+    if (plain_tcp) error = plain_to_tls_port(std::move(error));
+    return {};
+  }
   std::string failure;
   std::size_t script = 0;
   for (const std::string& step : what) {
     Reply r;
-    if (error = link_read(*link, r, settings.io_timeout); !error.empty()) return {};
+    if (error = link_read(*link, r, settings.io_timeout); !error.empty()) {
+      if (plain_tcp && &step == &what.front()) error = plain_to_tls_port(std::move(error));
+      return {};
+    }
     if (r->type == REDIS_REPLY_ERROR && step == "CLIENT SETNAME") {
       // A name is for operators only: a server (an ACL) that refuses it fails nothing.
     } else if (r->type == REDIS_REPLY_ERROR) {

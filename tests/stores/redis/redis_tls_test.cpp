@@ -145,6 +145,15 @@ TEST(RedisTls, TlsToAPlainPortFailsSayingSo) {
   expect_unavailable([&] { (void)open_store(url); }, {"is the server speaking TLS"});
 }
 
+// The reverse: a plain redis:// URL on the TLS port. The server resets a client that sends
+// no TLS handshake; the error names that likely cause and the way out.
+TEST(RedisTls, PlainToATlsPortFailsNamingTlsAndRediss) {
+  const std::string url =
+      "redis://127.0.0.1:" + tls_port() + "/0?connect_timeout=2000&timeout=2000";
+  expect_unavailable([&] { (void)open_store(url); },
+                     {"the server may expect TLS on this port", "rediss://"});
+}
+
 TEST(RedisTls, TlsOptionsNeedRediss) {
   EXPECT_THROW((void)open_store("redis://127.0.0.1:" + tls_port() + "/0?tls_verify=off"),
                InvalidArgument);
