@@ -604,7 +604,8 @@ std::string explain_server_error(std::string_view message) {
     cause = "authentication failed (the server has no password for this user)";
   } else if (code == "OOM") {
     cause = "the server is out of memory (maxmemory reached)";
-  } else if (code == "READONLY") {
+  } else if (code == "READONLY" ||
+             message.find("cannot be used with replica instances") != std::string_view::npos) {
     cause = "the server is a read-only replica";
   } else if (code == "LOADING") {
     cause = "the server is loading its data set";
@@ -749,8 +750,11 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
       const std::string why =
           counted ? std::string()
                   : "WAIT for replicas failed: " + explain_server_error(reply_text(*r));
+      // A failed WAIT does not fail the calls: each gets its own replies too, which the
+      // store reads first (after a cluster failover, the demoted primary's MOVED: it
+      // follows it rather than report that WAIT failed).
       for (auto& [call, replies] : waiting) {
-        finish(*call, std::move(replies), counted ? r->integer : -1, why);
+        finish(*call, std::move(replies), counted ? r->integer : -1, {}, why);
       }
       waiting.clear();
     }
@@ -771,13 +775,14 @@ std::string Connection::round_trip(std::vector<std::shared_ptr<Call>>& batch) {
 }
 
 void Connection::finish(Call& call, std::vector<Reply>&& replies, long long acked,
-                        std::string error) {
+                        std::string error, std::string wait_error) {
   {
     std::lock_guard lock(call.mu_);
     if (call.state_ == Call::State::kAbandoned) return;
     call.replies = std::move(replies);
     call.replicas_acked = acked;
     call.error = std::move(error);
+    call.wait_error = std::move(wait_error);
     call.state_ = Call::State::kDone;
   }
   // After unlocking, so the caller does not wake only to wait for the lock. The batch still

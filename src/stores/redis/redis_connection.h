@@ -169,6 +169,9 @@ class Call {
   // Valid after Connection::execute returned without an error.
   std::vector<Reply> replies;
   long long replicas_acked = -1;  // WAIT's answer, when wait_replicas
+  // When WAIT answered an error (replicas_acked is -1), why; the replies are the calls' own
+  // still, to be read first: a demoted cluster primary answers MOVED, then refuses WAIT.
+  std::string wait_error;
   // Empty on success; otherwise why the call failed (and that its outcome is unknown when
   // the request was sent).
   std::string error;
@@ -231,7 +234,8 @@ class Connection {
   std::string round_trip(std::vector<std::shared_ptr<Call>>& batch);
   void loop();
   // Hands a call its outcome and wakes its caller, unless the caller gave up on it.
-  static void finish(Call& call, std::vector<Reply>&& replies, long long acked, std::string error);
+  static void finish(Call& call, std::vector<Reply>&& replies, long long acked, std::string error,
+                     std::string wait_error = {});
   void fail_queued(const std::string& reason);  // REQUIRES: mu_ held
   void broke(const std::string& reason);        // REQUIRES: mu_ held
   // After a round trip (busy_ cleared): drops the connection if it broke or must move.

@@ -553,7 +553,26 @@ struct RedisStore::Impl {
           map_stale.store(true, std::memory_order_relaxed);
           throw;
         }
-        if (wait) acked = std::min(acked, call->replicas_acked);
+        // A WAIT refused next to a MOVED: the node was demoted by a cluster failover (a
+        // replica answers MOVED to every command on a key and refuses WAIT), so nothing
+        // ran there. Every command of the group goes again, to its slot's new primary;
+        // those with no redirection (TIME) too, since no WAIT counts for them. A WAIT
+        // refused otherwise fails the call, as before.
+        const bool demoted = !call->wait_error.empty() &&
+                             std::any_of(call->replies.begin(), call->replies.end(),
+                                         [](const Reply& r) { return is_error(r, "MOVED "); });
+        if (!call->wait_error.empty() && !demoted) {
+          map_stale.store(true, std::memory_order_relaxed);
+          fail(call->wait_error);
+        }
+        if (demoted) {
+          map_stale.store(true, std::memory_order_relaxed);
+          last_redirect = call->wait_error;
+          redirect = true;
+        }
+        // WAIT's count matters for the round only when a command of it is answered here:
+        // a round that was all redirected wrote nothing.
+        bool kept = false;
         std::size_t k = 0;
         for (const std::size_t i : indexes) {
           if (ask[i] != nullptr) ++k;  // ASKING's +OK
@@ -587,11 +606,16 @@ struct RedisStore::Impl {
             by_body[i] = 1;
             script_reloads.fetch_add(1, std::memory_order_relaxed);
             next.push_back(i);
+          } else if (demoted) {
+            ask[i] = nullptr;
+            next.push_back(i);
           } else {
             ask[i] = nullptr;
             out.replies[i] = std::move(r);
+            kept = true;
           }
         }
+        if (wait && kept) acked = std::min(acked, call->replicas_acked);
       }
       pending = std::move(next);
       if (redirect) ++redirected;
@@ -704,6 +728,7 @@ struct RedisStore::Impl {
     call->commands = n;
     call->wait_replicas = wait_replicas && o.wait_replicas > 0;
     pool->execute(call, call_timeout);
+    if (!call->wait_error.empty()) fail(call->wait_error);
     Outcome out{std::move(call->replies), call->replicas_acked};
     // NOSCRIPT: the server lost its script cache (SCRIPT FLUSH, or a failover to a replica
     // that never loaded them) while we were connected. Nothing ran; send those commands
@@ -719,6 +744,7 @@ struct RedisStore::Impl {
     retry->commands = lost.size();
     retry->wait_replicas = call->wait_replicas;
     pool->execute(retry, call_timeout);
+    if (!retry->wait_error.empty()) fail(retry->wait_error);
     for (std::size_t k = 0; k < lost.size(); ++k) {
       out.replies[lost[k]] = std::move(retry->replies[k]);
     }

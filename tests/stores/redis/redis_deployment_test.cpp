@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -504,6 +505,142 @@ TEST_F(PrivateRedisTest, ASentinelBehindOnTheFailoverDoesNotMoveTheStoreBack) {
   EXPECT_GE(RawRedis(replica.port()).integer({"CLIENT", "KILL", "TYPE", "normal"}), 2);
   for (int i = 0; i < 4; ++i) record_lands_on_the_promoted_replica("again-" + std::to_string(i));
   EXPECT_GE(store.stats().reconnects, reconnects + 1);
+}
+
+// A cluster of the test's own: one primary holding every slot and one replica of it (the
+// shared cluster must not be failed over: other tests run on it). Each node's bus port is
+// chosen free (port + 10000 may be past 65535).
+struct PrivateCluster {
+  static std::vector<std::string> node_args(int bus_port) {
+    std::vector<std::string> args = {"--cluster-enabled", "yes", "--cluster-node-timeout", "2000"};
+    args.insert(args.end(), {"--cluster-port", std::to_string(bus_port)});
+    return args;
+  }
+  int primary_bus = unused_port();
+  PrivateRedis primary{node_args(primary_bus)};
+  PrivateRedis replica{node_args(unused_port())};
+
+  static std::string role(int port) {
+    RawReply r = RawRedis(port).command({"ROLE"});
+    return r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 ? r->element[0]->str : "";
+  }
+  static bool cluster_ok(int port) {
+    return RawRedis(port).text({"CLUSTER", "INFO"}).find("cluster_state:ok") != std::string::npos;
+  }
+
+  // Slots assigned, the replica attached and in sync, both nodes seeing the cluster ok.
+  bool ready() {
+    if (!primary.ok() || !replica.ok()) return false;
+    RawRedis p(primary.port());
+    RawRedis r(replica.port());
+    if (p.text({"CLUSTER", "ADDSLOTSRANGE", "0", "16383"}) != "OK") return false;
+    const std::string primary_id = p.text({"CLUSTER", "MYID"});
+    if (r.text({"CLUSTER", "MEET", "127.0.0.1", std::to_string(primary.port()),
+                std::to_string(primary_bus)}) != "OK") {
+      return false;
+    }
+    if (!eventually([&] {
+          return r.text({"CLUSTER", "NODES"}).find(primary_id) != std::string::npos &&
+                 p.text({"CLUSTER", "NODES"}).find(r.text({"CLUSTER", "MYID"})) !=
+                     std::string::npos;
+        })) {
+      return false;
+    }
+    if (r.text({"CLUSTER", "REPLICATE", primary_id}) != "OK") return false;
+    return eventually([&] {
+      return p.text({"INFO", "replication"}).find("state=online") != std::string::npos &&
+             cluster_ok(primary.port()) && cluster_ok(replica.port());
+    });
+  }
+
+  std::string url() const {
+    return "redis+cluster://127.0.0.1:" + std::to_string(primary.port()) +
+           ",127.0.0.1:" + std::to_string(replica.port());
+  }
+};
+
+// Issue 36: after a cluster failover, the demoted primary answers the script with MOVED and
+// refuses the WAIT that follows it ("WAIT cannot be used with replica instances"). With
+// wait_replicas=1, calls failed with that WAIT error instead of following the MOVED to the
+// new primary. Now, while four threads record fresh keys across a CLUSTER FAILOVER, every
+// call either succeeds or fails with StoreUnavailable, none with the WAIT error, and every
+// thread records again on the new primary.
+TEST_F(PrivateRedisTest, AClusterFailoverWithWaitReplicasFollowsTheMovedNotTheRefusedWait) {
+  PrivateCluster cluster;
+  ASSERT_TRUE(cluster.ready());
+  auto store = open_store(cluster.url() + "?prefix=" + fresh_prefix("cluster-wait") +
+                          "&wait_replicas=1&wait_timeout=1000&timeout=3000");
+  constexpr int kThreads = 4;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> demoted{false};
+  std::mutex mu;
+  std::vector<std::string> wait_errors;  // calls that failed with the WAIT error
+  std::vector<std::string> other_errors;
+  std::vector<int> after(kThreads, 0);  // keys recorded once the old primary is a replica
+  int unavailable = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; !stop.load(); ++i) {
+        const std::string key = std::to_string(t) + ":" + std::to_string(i);
+        const bool was_demoted = demoted.load();
+        try {
+          const AcquireResult r = store->acquire("s", key, 5000ms, 600000ms);
+          if (!std::holds_alternative<Acquired>(r)) {
+            std::lock_guard lock(mu);
+            other_errors.push_back(key + ": not acquired");
+            continue;
+          }
+          if (store->complete("s", key, std::get<Acquired>(r).lease.token, "v", 600000ms) ==
+                  WriteResult::kDone &&
+              was_demoted) {
+            std::lock_guard lock(mu);
+            ++after[t];
+          }
+        } catch (const StoreUnavailable& e) {
+          std::lock_guard lock(mu);
+          ++unavailable;
+          const std::string what = e.what();
+          if (what.find("WAIT") != std::string::npos &&
+              what.find("replicas acknowledged") == std::string::npos) {
+            wait_errors.push_back(what);
+          }
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          other_errors.push_back(key + ": " + e.what());
+        }
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+  }
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~Joiner() {
+      stop = true;
+      for (auto& t : threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } joiner{stop, threads};
+  std::this_thread::sleep_for(300ms);
+  ASSERT_EQ(RawRedis(cluster.replica.port()).text({"CLUSTER", "FAILOVER"}), "OK");
+  ASSERT_TRUE(eventually([&] {
+    return PrivateCluster::role(cluster.replica.port()) == "master" &&
+           PrivateCluster::role(cluster.primary.port()) == "slave";
+  })) << "the failover did not happen";
+  demoted = true;
+  // Every thread records keys on the new primary (bounded: a broken store never does).
+  EXPECT_TRUE(eventually([&] {
+    std::lock_guard lock(mu);
+    return std::all_of(after.begin(), after.end(), [](int n) { return n >= 20; });
+  })) << "a thread never recorded again after the failover";
+  stop = true;
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(wait_errors, ::testing::IsEmpty());
+  EXPECT_THAT(other_errors, ::testing::IsEmpty());
+  std::cout << "[ cluster failover, wait_replicas=1 ] " << unavailable
+            << " calls failed with StoreUnavailable, none with the WAIT error\n";
 }
 
 // --- 2. eviction -----------------------------------------------------------------------
