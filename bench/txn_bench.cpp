@@ -12,7 +12,8 @@
 // The three take turns in slices of 250 ms (bench/taking_turns.h), so their ratios come
 // from the same minutes of a shared machine.
 //
-//   txn_bench sqlite:/path/app.db CALLERS SECONDS      (synchronous=full)
+//   txn_bench sqlite:/path/app.db CALLERS SECONDS [normal|full]   (synchronous, both sides;
+//                                                                  full by default)
 //   txn_bench postgresql://... CALLERS SECONDS         (the server's synchronous_commit)
 //
 // Prints operations per second of each and the ratios tx/two and open/two.
@@ -45,10 +46,10 @@ class Conn {
 
 class SqliteConn final : public Conn {
  public:
-  explicit SqliteConn(const std::string& path) {
+  SqliteConn(const std::string& path, const std::string& synchronous) {
     sqlite3_open(path.c_str(), &db_);
     sqlite3_busy_timeout(db_, 30000);
-    exec("PRAGMA synchronous = FULL");
+    exec("PRAGMA synchronous = " + synchronous);
   }
   ~SqliteConn() override { sqlite3_close_v2(db_); }
   idem::SqlConnection conn() override { return idem::SqlConnection::sqlite(db_); }
@@ -93,10 +94,12 @@ class PgConn final : public Conn {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s sqlite:/path|postgresql://... CALLERS SECONDS\n", argv[0]);
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s sqlite:/path|postgresql://... CALLERS SECONDS [normal|full]\n",
+                 argv[0]);
     return 2;
   }
+  const std::string synchronous = argc == 5 ? argv[4] : "full";
   const std::string where = argv[1];
   const int callers = std::atoi(argv[2]);
   const double seconds = std::atof(argv[3]);
@@ -108,7 +111,7 @@ int main(int argc, char** argv) {
   }
 #endif
   auto connect = [&]() -> std::unique_ptr<Conn> {
-    if (sqlite) return std::make_unique<SqliteConn>(where.substr(7));
+    if (sqlite) return std::make_unique<SqliteConn>(where.substr(7), synchronous);
 #ifdef IDEM_BENCH_WITH_POSTGRES
     return std::make_unique<PgConn>(where);
 #else
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
   connect()->exec("DROP TABLE IF EXISTS bench_effects");
   connect()->exec("CREATE TABLE bench_effects (k TEXT, v TEXT)");
   const std::string store_url =
-      sqlite ? "sqlite://" + where.substr(7) + "?shared=1&synchronous=full"
+      sqlite ? "sqlite://" + where.substr(7) + "?shared=1&synchronous=" + synchronous
              : where + (where.find('?') == std::string::npos ? "?" : "&") + "table=idem_txn_bench";
   idem::Executor exec(idem::open_store(store_url));
   std::vector<std::unique_ptr<Conn>> conns;
@@ -162,7 +165,8 @@ int main(int argc, char** argv) {
   }
   double rate[3];
   for (int mode = 0; mode < 3; ++mode) rate[mode] = static_cast<double>(ops[mode]) / secs[mode];
-  std::printf("%s, %d caller(s):", sqlite ? "SQLite synchronous=full" : "PostgreSQL", callers);
+  std::printf("%s, %d caller(s):",
+              sqlite ? ("SQLite synchronous=" + synchronous).c_str() : "PostgreSQL", callers);
   for (int mode = 0; mode < 3; ++mode) std::printf(" %s %.0f/s", names[mode], rate[mode]);
   std::printf("; tx/two %.2f, open/two %.2f\n", rate[1] / rate[0], rate[2] / rate[0]);
   return 0;

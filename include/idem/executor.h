@@ -681,6 +681,7 @@ class Executor {
         ~RollBack() {
           if (!armed) return;
           if (tx.outside_transaction(conn)) {
+            tx.rollback(conn);  // nothing to roll back: ends what begin() holds (SQLite's turn)
             handle.abandon();
             return;
           }

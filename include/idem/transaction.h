@@ -116,6 +116,10 @@ class TransactionalStore {
 
   // BEGIN (SQLite: BEGIN IMMEDIATE, so the write lock is taken at once and never upgraded),
   // COMMIT and ROLLBACK on the caller's connection, for the executor's run_in_transaction.
+  // Every begin() that returned is ended by commit() or rollback() on the same thread
+  // (rollback() also when the transaction ended some other way): SQLite's begin() takes
+  // this process's turn to write the file and prepares the complete's statement, which they
+  // give back.
   void begin(const SqlConnection& conn);
   // Throws StoreUnavailable when the COMMIT failed (a transaction the failure left open is
   // rolled back first) or its answer was lost: whether it committed is then known only

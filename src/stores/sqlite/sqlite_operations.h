@@ -140,7 +140,8 @@ WriteResult complete_locked(C& c, const WriteOp& op, Timestamp now) {
   }
   if (changed > 0) return WriteResult::kDone;
   // SPEC §4: a complete repeated with the token that completed the record succeeds and
-  // changes nothing.
+  // changes nothing. (A caller's connection prepares this check only when it is needed.)
+  if constexpr (requires { c.prepare_completed_by(); }) c.prepare_completed_by();
   Query q(c.conn, c.completed_by);
   return q.bind(1, op.scope).bind(2, op.key).bind(3, tok).step() ? WriteResult::kDone
                                                                  : WriteResult::kFenced;

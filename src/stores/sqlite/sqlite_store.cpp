@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <new>
@@ -78,6 +79,24 @@ constexpr int kCheckpointFrames = 1000;
 
 }  // namespace
 
+namespace {
+
+// The statements one operation on a caller's connection needs, prepared on it for that call
+// or, for run_in_transaction, from its begin() to its commit() or rollback() (a caller's
+// connection may close at any time after, so nothing outlives that).
+struct CallerStatements {
+  Connection conn;
+  Statement select_record, next_token, write_lease, complete, completed_by;
+  CallerStatements(sqlite3* db, const std::string& store) : conn(db, store) {}
+  void prepare_completed_by() {
+    if (!completed_by.handle) {
+      completed_by = conn.prepare(kSqlCompletedBy, "complete in the caller's transaction: check");
+    }
+  }
+};
+
+}  // namespace
+
 struct SqliteStore::Impl {
   std::string path;      // absolute, so connections opened later ignore the working directory
   std::string describe;  // "sqlite:///abs/path.db"
@@ -96,6 +115,70 @@ struct SqliteStore::Impl {
   std::unique_ptr<PooledConnection> writer;
   // Held by the leader while it applies a batch; a read may use `writer` while it is free.
   std::mutex writer_mu;
+
+  // The turns of this process's writers on the file: the group commit's transactions and
+  // run_in_transaction's (TransactionalStore::begin to commit or rollback) take turns here,
+  // each woken the moment the one before ends, instead of in SQLite's busy handler, which
+  // sleeps 1 to 100 ms between tries whoever holds the lock (issue 36: 8 callers of
+  // run_in_transaction ran at half the two-commit flow's rate). Waited for up to the busy
+  // timeout, then the write goes ahead without its turn (and meets SQLite's lock as
+  // before), so a writer that waits for itself (an action that writes through this store
+  // inside its transaction) fails after the busy timeout as it always did, never hangs.
+  // Other processes still meet SQLite's lock.
+  class WriteTurns {
+   public:
+    // Whether `who` got the turn (false: the wait ran out, or `who` holds it already).
+    bool enter(const void* who, Duration timeout) {
+      std::unique_lock lock(mu_);
+      if (holder_ == who) return false;
+      if (!cv_.wait_for(lock, timeout, [&] { return holder_ == nullptr; })) return false;
+      holder_ = who;
+      return true;
+    }
+    void leave(const void* who) noexcept {
+      {
+        std::lock_guard lock(mu_);
+        if (holder_ != who) return;
+        holder_ = nullptr;
+      }
+      cv_.notify_one();
+    }
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    const void* holder_ = nullptr;  // guarded by mu_
+  };
+  WriteTurns turns;
+  // The complete's statement of each caller transaction that run_in_transaction began,
+  // prepared before its turn to write (so that preparing is not done while every other
+  // writer of the process waits), finalized at its commit or rollback.
+  std::mutex prepared_mu;
+  std::vector<std::unique_ptr<CallerStatements>> prepared;  // guarded by prepared_mu
+  std::unique_ptr<CallerStatements> take_prepared(sqlite3* db) {
+    std::lock_guard lock(prepared_mu);
+    for (auto& p : prepared) {
+      if (p->conn.db() != db) continue;
+      std::unique_ptr<CallerStatements> out = std::move(p);
+      p = std::move(prepared.back());
+      prepared.pop_back();
+      return out;
+    }
+    return nullptr;
+  }
+  // One turn, given back when it goes out of scope.
+  struct Turn {
+    WriteTurns& turns;
+    const void* who;
+    bool held;
+    Turn(WriteTurns& t, const void* w, Duration timeout)
+        : turns(t), who(w), held(t.enter(w, timeout)) {}
+    ~Turn() {
+      if (held) turns.leave(who);
+    }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+  };
   WriteQueue writes{kBatchLimits, [this](std::span<QueuedWrite* const> batch) { apply(batch); }};
 
   // Checkpoints. SQLite's automatic checkpoint would run inside the COMMIT of the writer that
@@ -287,6 +370,7 @@ struct SqliteStore::Impl {
       try {
         PooledConnection& c = writer_connection();
         checkpoint_catch_up(c);
+        const Turn turn(turns, &c, busy_timeout);
         Transaction tx = c.write_transaction();
         for (QueuedWrite* q : batch) {
           auto& op = static_cast<WriteOp&>(*q);
@@ -470,18 +554,6 @@ std::unique_ptr<RecordWatch> SqliteStore::do_watch(std::string_view scope, std::
 
 // --- SPEC §14: the caller's transaction ---------------------------------------------------
 
-namespace {
-
-// The statements one operation on a caller's connection needs, prepared on it for that call
-// (a caller's connection may close at any time after, so nothing is cached on it).
-struct CallerStatements {
-  Connection conn;
-  Statement select_record, next_token, write_lease, complete, completed_by;
-  CallerStatements(sqlite3* db, const std::string& store) : conn(db, store) {}
-};
-
-}  // namespace
-
 TransactionalStore* SqliteStore::transactions() noexcept { return this; }
 
 SqlConnection::Kind SqliteStore::connection_kind() const noexcept {
@@ -539,16 +611,23 @@ bool SqliteStore::do_outside_transaction(const SqlConnection& conn) const noexce
 WriteResult SqliteStore::do_complete_in(const SqlConnection& conn, std::string_view scope,
                                         std::string_view key, Token token, std::string_view payload,
                                         Duration ttl) {
-  CallerStatements c(conn.sqlite(), impl_->describe);
-  c.complete = c.conn.prepare(kSqlComplete, "complete in the caller's transaction");
-  c.completed_by = c.conn.prepare(kSqlCompletedBy, "complete in the caller's transaction: check");
+  Impl& s = *impl_;
   WriteOp op(WriteOp::Kind::kComplete);
   op.scope = scope;
   op.key = key;
   op.token = token;
   op.payload = payload;
   op.ttl = ttl;
-  return complete_locked(c, op, impl_->now());
+  // run_in_transaction's begin() prepared it; it stays until that transaction's end.
+  if (std::unique_ptr<CallerStatements> ready = s.take_prepared(conn.sqlite())) {
+    const WriteResult written = complete_locked(*ready, op, s.now());
+    std::lock_guard lock(s.prepared_mu);
+    s.prepared.push_back(std::move(ready));
+    return written;
+  }
+  CallerStatements c(conn.sqlite(), s.describe);
+  c.complete = c.conn.prepare(kSqlComplete, "complete in the caller's transaction");
+  return complete_locked(c, op, s.now());
 }
 
 AcquireResult SqliteStore::do_acquire_in(const SqlConnection& conn, std::string_view scope,
@@ -568,9 +647,21 @@ AcquireResult SqliteStore::do_acquire_in(const SqlConnection& conn, std::string_
   return acquire_locked(c, op, impl_->now());
 }
 
+// The caller's transaction takes this process's write turn (Impl::turns) before its BEGIN
+// IMMEDIATE and gives it back at its COMMIT or ROLLBACK.
 void SqliteStore::do_begin(const SqlConnection& conn) {
-  const Connection c(conn.sqlite(), impl_->describe);
-  c.exec("BEGIN IMMEDIATE", "cannot begin the caller's transaction");
+  Impl& s = *impl_;
+  auto ready = std::make_unique<CallerStatements>(conn.sqlite(), s.describe);
+  ready->complete = ready->conn.prepare(kSqlComplete, "complete in the caller's transaction");
+  const bool turn = s.turns.enter(conn.sqlite(), s.busy_timeout);
+  try {
+    ready->conn.exec("BEGIN IMMEDIATE", "cannot begin the caller's transaction");
+  } catch (...) {
+    if (turn) s.turns.leave(conn.sqlite());
+    throw;
+  }
+  std::lock_guard lock(s.prepared_mu);
+  s.prepared.push_back(std::move(ready));
 }
 
 void SqliteStore::do_commit(const SqlConnection& conn) {
@@ -580,14 +671,19 @@ void SqliteStore::do_commit(const SqlConnection& conn) {
   } catch (...) {
     // A COMMIT that failed with SQLITE_BUSY leaves the transaction open: end it, so that
     // the outcome is known (rolled back).
-    if (c.in_transaction()) do_rollback(conn);
+    do_rollback(conn);
     throw;
   }
+  (void)impl_->take_prepared(conn.sqlite());
+  impl_->turns.leave(conn.sqlite());
 }
 
 void SqliteStore::do_rollback(const SqlConnection& conn) noexcept {
-  if (sqlite3_get_autocommit(conn.sqlite()) != 0) return;
-  (void)sqlite3_exec(conn.sqlite(), "ROLLBACK", nullptr, nullptr, nullptr);
+  if (sqlite3_get_autocommit(conn.sqlite()) == 0) {
+    (void)sqlite3_exec(conn.sqlite(), "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+  (void)impl_->take_prepared(conn.sqlite());
+  impl_->turns.leave(conn.sqlite());
 }
 
 }  // namespace idem

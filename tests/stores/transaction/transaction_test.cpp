@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -724,6 +725,30 @@ TEST(OtherDatabase, ReadOnlySqliteStoreSaysItIsReadOnly) {
     EXPECT_NE(std::string(e.what()).find("read-only"), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).find("not in a SQL database"), std::string::npos) << e.what();
   }
+}
+
+// SQLite's run_in_transaction takes this process's turn to write the file (so that its
+// writers take turns without SQLite's sleeping busy handler): an action that writes through
+// the same store inside its transaction waits for itself, and fails after the busy timeout
+// as before, instead of hanging.
+TEST(SqliteWriteTurns, AnActionThatWritesThroughTheStoreInsideItsTransactionFailsNotHangs) {
+  SqliteDatabase db;
+  auto store = std::make_shared<SqliteStore>(
+      SqliteStoreOptions{.path = db.path(), .busy_timeout = Duration{200}, .shared = true});
+  Executor exec(store);
+  auto conn = db.connect();
+  try {
+    (void)exec.run_in_transaction(conn->conn(), "s", "outer", [&](const Attempt&) {
+      return exec.run("s", "inner", [](const Attempt&) { return std::string("inner"); }).value;
+    });
+    ADD_FAILURE() << "an action that writes through the store inside its transaction succeeded";
+  } catch (const StoreUnavailable& e) {
+    std::cerr << "as expected: " << e.what() << "\n";
+  }
+  // Both turns were given back: the store writes again at once.
+  EXPECT_EQ(exec.run("s", "after", [](const Attempt&) { return std::string("v"); }).value, "v");
+  auto r = exec.run_in_transaction(conn->conn(), "s", "outer", [](const Attempt&) { return 1; });
+  EXPECT_EQ(r.value, 1);
 }
 
 #ifdef IDEM_TEST_WITH_POSTGRES
