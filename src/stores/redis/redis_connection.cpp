@@ -607,6 +607,10 @@ std::string explain_server_error(std::string_view message) {
   } else if (code == "READONLY" ||
              message.find("cannot be used with replica instances") != std::string_view::npos) {
     cause = "the server is a read-only replica";
+  } else if (code == "NOREPLICAS") {
+    cause =
+        "the primary has fewer replicas in sync than its min-replicas-to-write (a replica is "
+        "down or lagging, or a failover cut this server off from them)";
   } else if (code == "LOADING") {
     cause = "the server is loading its data set";
   } else if (code == "MASTERDOWN") {

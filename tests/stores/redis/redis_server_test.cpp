@@ -301,6 +301,14 @@ TEST_F(PrivateRedisTest, OutOfMemoryAndReadOnlyReplicaAreNamed) {
                      {"acquire", "the server is out of memory", "OOM"});
   ASSERT_EQ(raw.text({"CONFIG", "SET", "maxmemory", "0"}), "OK");
 
+  // min-replicas-to-write with no replica: every write refused (docs/stores/redis.md, "What
+  // a failover can lose").
+  ASSERT_EQ(raw.text({"CONFIG", "SET", "min-replicas-to-write", "1"}), "OK");
+  expect_unavailable(
+      [&] { (void)store->acquire("s", "k", 30s, 1h); },
+      {"acquire", "fewer replicas in sync than its min-replicas-to-write", "NOREPLICAS"});
+  ASSERT_EQ(raw.text({"CONFIG", "SET", "min-replicas-to-write", "0"}), "OK");
+
   // A replica (of a primary that is not there) refuses writes; a read-only store on it
   // still answers get().
   ASSERT_EQ(raw.text({"REPLICAOF", "127.0.0.1", "1"}), "OK");
