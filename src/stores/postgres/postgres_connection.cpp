@@ -376,7 +376,7 @@ void Connection::fail(const Failure& f) {
   if (PQstatus(conn_.get()) != CONNECTION_OK || PQtransactionStatus(conn_.get()) != PQTRANS_IDLE) {
     broken_ = true;
   }
-  throw PgError(store_, f.reason, f.sqlstate, f.not_executed);
+  throw PgError(store_, f.reason, f.sqlstate, f.not_executed, f.connection_lost);
 }
 
 std::string Connection::timeout_reason(const char* doing) const {
@@ -428,7 +428,8 @@ void Connection::wait_socket(bool for_write, Deadline deadline, const char* doin
     pollfd p{PQsocket(conn_.get()), static_cast<short>(for_write ? POLLOUT : POLLIN), 0};
     if (p.fd < 0) {
       broken_ = true;
-      throw PgError(store_, std::string("connection lost ") + doing, "");
+      throw PgError(store_, std::string("connection lost ") + doing, "", /*not_executed=*/false,
+                    /*connection_lost=*/true);
     }
     const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
     if (n > 0) return;
@@ -638,7 +639,8 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
   }
   if (PQstatus(c) != CONNECTION_OK) {
     broken_ = true;
-    if (!failed) {
+    // An error without a SQLSTATE is libpq's own, about the connection ending.
+    if (!failed || out.failure.sqlstate.empty()) {
       out.failure = {std::string("connection lost ") + doing + ": " + one_line(PQerrorMessage(c)),
                      "", true};
     }
@@ -647,7 +649,13 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
     return out;
   }
   if (pipelined && !PQexitPipelineMode(c)) {
-    lost("cannot end a pipeline");
+    // Still waiting for the end of the pipeline after its results ran out: behind PgBouncer,
+    // the server's FATAL error and then the pooler's own for the server connection it lost
+    // ("server conn crashed?"). What the first error said (57P05: nothing ran) still holds.
+    broken_ = true;
+    if (!failed) lost("cannot end a pipeline");
+    out.failure.connection_lost = true;
+    out.ok = false;
     return out;
   }
   if (failed) {

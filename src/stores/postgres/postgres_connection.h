@@ -102,14 +102,17 @@ struct Failure {
 };
 
 // The StoreUnavailable a connection throws, with what the store's retries need: the
-// SQLSTATE (a deadlock or serialization failure was rolled back: safe to repeat) and
-// whether the call is known to have had no effect.
+// SQLSTATE (a deadlock or serialization failure was rolled back: safe to repeat), whether
+// the call is known to have had no effect, and whether the connection was lost (a call
+// that has no effect, or whose effect the store can settle, may then run again on another).
 class PgError : public StoreUnavailable {
  public:
-  PgError(std::string store, std::string reason, std::string sqlstate, bool not_executed = false)
+  PgError(std::string store, std::string reason, std::string sqlstate, bool not_executed = false,
+          bool connection_lost = false)
       : StoreUnavailable(std::move(store), std::move(reason)),
         sqlstate_(std::move(sqlstate)),
-        not_executed_(not_executed) {}
+        not_executed_(not_executed),
+        connection_lost_(connection_lost || not_executed) {}
   const std::string& sqlstate() const noexcept { return sqlstate_; }
   // 40001 serialization failure, 40P01 deadlock: the transaction was rolled back.
   bool rolled_back_conflict() const noexcept {
@@ -118,10 +121,16 @@ class PgError : public StoreUnavailable {
   // The statement never reached the server, or the server ended the session before it ran
   // (Failure::not_executed).
   bool not_executed() const noexcept { return not_executed_; }
+  // The connection ended under the call, however that showed (a send that failed, an end
+  // of file or a reset while the answer was awaited, a FATAL error or a connection-class
+  // SQLSTATE): the call may or may not have taken effect unless not_executed(). Never set
+  // for a call that timed out, whose statement may still be running.
+  bool connection_lost() const noexcept { return connection_lost_; }
 
  private:
   std::string sqlstate_;
   bool not_executed_;
+  bool connection_lost_;
 };
 
 // One of the store's statements. Its name is a hash of its table and its exact text (and

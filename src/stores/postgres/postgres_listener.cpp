@@ -147,7 +147,12 @@ Listener::Conn Listener::connect() {
   }
   if (PQsetnonblocking(c.get(), 1) != 0) return nullptr;
   std::string pid;
-  const std::string listen = "LISTEN " + quote_identifier(channel_) + "; SELECT pg_backend_pid()";
+  // A listening session idles by design, and its keep-alive (kKeepAlive) finds a dead one: the
+  // server's idle_session_timeout (PostgreSQL 14 and later) is turned off for it, or the
+  // server would end it every timeout, and each new connection wakes every waiter.
+  const std::string listen = "LISTEN " + quote_identifier(channel_) +
+                             "; SELECT set_config(name, '0', false) FROM pg_settings WHERE "
+                             "name = 'idle_session_timeout'; SELECT pg_backend_pid()";
   if (!round_trip(c.get(), listen.c_str(), &pid)) return nullptr;
   backend_pid_.store(std::atoi(pid.c_str()));
   return c;

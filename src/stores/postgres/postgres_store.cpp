@@ -429,20 +429,29 @@ struct PostgresStore::Impl {
   // the call's timeout from now). Repeats it when it is known to have had no effect: once
   // on a new connection when its connection turned out dead (the send failed, or the
   // server had ended the idle session), and up to kMaxConflictRetries times when the server
-  // rolled it back for a deadlock or serialization failure.
+  // rolled it back for a deadlock or serialization failure. `repeat` kAfterLostConnection
+  // (a body that only reads, or one whose effect the store settles when it runs again)
+  // also repeats it once on a new connection lost however it was, its answer included.
+  enum class Repeat { kIfNotExecuted, kAfterLostConnection };
   template <typename F>
   auto with_connection(F&& body) {
     return with_connection(SteadyClock::now() + options.timeout, std::forward<F>(body));
   }
   template <typename F>
   auto with_connection(Deadline deadline, F&& body) {
+    return with_connection(deadline, Repeat::kIfNotExecuted, std::forward<F>(body));
+  }
+  template <typename F>
+  auto with_connection(Deadline deadline, Repeat repeat, F&& body) {
     bool fresh = false;
     for (int conflicts = 0;;) {
       Pool::Lease c = pool->borrow(deadline, fresh);
       try {
         return body(*c, deadline);
       } catch (const PgError& e) {
-        if (e.not_executed() && !fresh) {
+        const bool repeatable =
+            e.not_executed() || (repeat == Repeat::kAfterLostConnection && e.connection_lost());
+        if (repeatable && !fresh) {
           fresh = true;
         } else if (!e.rolled_back_conflict() || conflicts++ >= kMaxConflictRetries) {
           throw;
@@ -464,8 +473,9 @@ struct PostgresStore::Impl {
     }
   }
 
+  // A read changes nothing: it runs again on a new connection however its own was lost.
   void run_reads(const std::vector<ReadBatcher::Entry*>& batch, Deadline deadline) {
-    with_connection(deadline, [&](Connection& c, Deadline d) {
+    with_connection(deadline, Repeat::kAfterLostConnection, [&](Connection& c, Deadline d) {
       for (auto* e : batch) e->response = std::optional<Row>{};
       Result r;
       int position = -1;
@@ -529,8 +539,11 @@ struct PostgresStore::Impl {
     });
   }
 
+  // A complete whose answer was lost runs again on a new connection: one that had
+  // committed then changes no row, and its caller's completed_by check answers done (SPEC
+  // §4: a complete repeated with the token that completed the record succeeds).
   void run_completes(const std::vector<CompleteBatcher::Entry*>& batch, Deadline deadline) {
-    with_connection(deadline, [&](Connection& c, Deadline d) {
+    with_connection(deadline, Repeat::kAfterLostConnection, [&](Connection& c, Deadline d) {
       for (auto* e : batch) e->response = false;
       if (batch.size() == 1) {
         const CompleteRequest& q = *batch[0]->request;
@@ -655,19 +668,21 @@ WriteResult PostgresStore::do_complete(std::string_view scope, std::string_view 
   const CompleteRequest q{scope, key, token, payload, ttl, record_id(scope, key)};
   const bool done =
       payload.size() > kMaxBatchedPayload
-          ? s.with_connection(deadline,
+          ? s.with_connection(deadline, Impl::Repeat::kAfterLostConnection,
                               [&](Connection& c, Deadline d) { return s.complete_one(c, q, d); })
           : s.completes.submit(q, deadline, s.describe, s.options.timeout,
                                [&](const auto& batch) { s.run_completes(batch, deadline); });
   if (done) return WriteResult::kDone;
   // SPEC §4: a complete repeated with the token that completed the record succeeds and
-  // changes nothing (a caller whose reply was lost retries).
-  return s.with_connection(deadline, [&](Connection& c, Deadline d) {
-    Result r = s.run(c, s.st->completed_by,
-                     Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)),
-                     Access::kRead, d);
-    return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
-  });
+  // changes nothing (a caller whose reply was lost retries). A read: repeated however its
+  // connection was lost.
+  return s.with_connection(
+      deadline, Impl::Repeat::kAfterLostConnection, [&](Connection& c, Deadline d) {
+        Result r = s.run(c, s.st->completed_by,
+                         Params().bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)),
+                         Access::kRead, d);
+        return r.rows() > 0 ? WriteResult::kDone : WriteResult::kFenced;
+      });
 }
 
 WriteResult PostgresStore::do_release(std::string_view scope, std::string_view key, Token token) {
