@@ -607,6 +607,9 @@ std::string explain_server_error(std::string_view message) {
   } else if (code == "READONLY" ||
              message.find("cannot be used with replica instances") != std::string_view::npos) {
     cause = "the server is a read-only replica";
+  } else if (code == "UNBLOCKED" && message.find("state changed") != std::string_view::npos) {
+    // Redis 7 ends a blocked WAIT this way when its server is made a replica.
+    cause = "the server stopped being a primary (a failover) while the command waited";
   } else if (code == "NOREPLICAS") {
     cause =
         "the primary has fewer replicas in sync than its min-replicas-to-write (a replica is "
