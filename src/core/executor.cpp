@@ -613,7 +613,7 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     }
     if (written == WriteResult::kFenced) {
       const std::string why = fenced_reason(owner);
-      if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
+      lose(owner);
       owners_.finish(owner, OwnerState::kGone, nullptr);
       throw LeaseLost(owner.token(), why, owner.record());
     }
@@ -682,9 +682,17 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     heartbeat_.remove(owner);
     owner.in_caller_tx.store(false, std::memory_order_relaxed);
     const std::string why = fenced_reason(owner);
-    if (events_ && !owner.lost()) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
+    lose(owner);
     owners_.finish(owner, OwnerState::kGone, nullptr);
     return LeaseLost(owner.token(), why, owner.record());
+  }
+
+  // A write of the owner's was fenced: its lease is lost (Attempt::lease_lost() says so from
+  // now on), told once.
+  void lose(InFlight& owner) noexcept {
+    if (owner.lost()) return;
+    owner.mark_lost();
+    if (events_) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
   }
 
   // AttemptHandle::committed: the caller's commit made the result durable. No store call.

@@ -66,6 +66,9 @@ class HeartbeatLease {
   void request_stop() noexcept { stop_.request_stop(); }
   // Whether the heartbeat found the lease lost (fenced, or unextended past its deadline).
   bool lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+  // A store write of the owner's (a complete) was fenced: the lease is lost as if the
+  // heartbeat had found it so (Attempt::lease_lost() reads true, its stop is requested).
+  void mark_lost() noexcept { lose(); }
   const std::atomic<bool>& lost_flag() const noexcept { return lost_; }
 
   // The local deadline after the last successful extend (or the acquire).
