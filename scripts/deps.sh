@@ -26,7 +26,7 @@ IDEM_PACKAGES=(
   # the Python package (python/, docs/python.md) and its tests
   python3-dev pybind11-dev python3-pybind11 python3-setuptools python3-wheel python3-pip
   python3-venv python3-pytest python3-redis python3-psycopg python3-starlette python3-uvicorn
-  python3-httpx
+  python3-httpx ccache  # ccache: python/setup.py compiles through it when it is there
 )
 
 # idem_install_deps [PACKAGE...]: the packages given (by default IDEM_PACKAGES).

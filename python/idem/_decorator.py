@@ -6,7 +6,8 @@ import functools
 import inspect
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from ._executor import Executor
+from . import _idem
+from ._executor import _CALL_OPTIONS, Executor
 from ._idem import Result
 
 __all__ = ["idempotent"]
@@ -40,7 +41,27 @@ def idempotent(
     replay. ``fn.result(*args, **kwargs)`` returns the whole :class:`idem.Result`
     (``replayed``, ``token``...). An ``async def`` function is decorated the same way and
     runs through ``run_async``. Inside, ``idem.current_attempt()`` is the attempt.
+
+    What can be checked when it decorates is: an unknown option, or a ``key`` or
+    ``fingerprint`` that is not callable, raises TypeError; a ``scope`` or a duration that
+    cannot be one raises what ``run`` would raise (TypeError, InvalidArgument).
     """
+    for name in options:
+        if name not in _CALL_OPTIONS:
+            raise TypeError(f"idempotent() got an unexpected keyword argument {name!r}")
+    if not callable(key):
+        raise TypeError(
+            "idempotent()'s key must be a function of the decorated function's arguments "
+            f"that returns the key (str or bytes), not {type(key).__name__}"
+        )
+    if fingerprint is not None and not callable(fingerprint):
+        raise TypeError(
+            "idempotent()'s fingerprint must be a function of the decorated function's "
+            f"arguments that returns a digest (str or bytes), not {type(fingerprint).__name__}"
+        )
+    if scope is not None:
+        _idem._check_scope(scope)
+    executor._check_call_options(**{n: v for n, v in options.items() if n != "codec"})
 
     def decorate(fn: F) -> F:
         the_scope = scope if scope is not None else f"{fn.__module__}.{fn.__qualname__}"

@@ -21,6 +21,9 @@ Key = Union[str, bytes]
 
 _current: "contextvars.ContextVar[Any]" = contextvars.ContextVar("idem.current_attempt")
 
+# The per-call options of run, begin, run_async and begin_async.
+_CALL_OPTIONS = ("lease", "heartbeat", "ttl", "wait", "fingerprint", "codec")
+
 
 def current_attempt() -> Optional[Union[Attempt, "AsyncAttempt"]]:
     """The attempt whose action is running in this thread or task (inside ``run``,
@@ -36,6 +39,8 @@ def open_store(url: str, *, read_only: bool = False, create_if_missing: bool = T
     ``idem.available_schemes()`` lists what this build has. Raises InvalidArgument for a
     malformed URL or an unknown scheme, StoreUnavailable for a store that cannot be
     reached. The GIL is released while it connects."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be str, not {type(url).__name__}")
     return _idem.open_store(url, read_only=read_only, create_if_missing=create_if_missing)
 
 
@@ -127,8 +132,24 @@ class Executor(_idem.Executor):
         self.close()
 
     # --- running ---
+    #
+    # The per-call options are spelled out (not **options) in every entry point, so that a
+    # misspelt one is Python's own TypeError ("run() got an unexpected keyword argument
+    # 'leas'") rather than pybind11's dump of _begin's signature. _CALL_OPTIONS lists them
+    # for the decorator, which checks its own when it decorates.
 
-    def begin(self, scope: Key, key: Key, **options: Any) -> Attempt:
+    def begin(
+        self,
+        scope: Key,
+        key: Key,
+        *,
+        lease: Optional[Seconds] = None,
+        heartbeat: Optional[Seconds] = None,
+        ttl: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+        fingerprint: Optional[Key] = None,
+        codec: Any = None,
+    ) -> Attempt:
         """The first half of run(), for an action that does not fit in one call: checks the
         inputs, acquires, waits (``wait`` seconds) and replays as run() does, and returns an
         Attempt: a replay (``attempt.replayed``; ``attempt.value`` is the stored result) or
@@ -142,12 +163,25 @@ class Executor(_idem.Executor):
         Leaving the block by an exception, or without completing, releases the key. Raises
         InProgress when the key stays busy, and what run() raises. Options as for run().
         The GIL is released while it waits for the store."""
-        answer = self._begin(scope, key, **options)
+        # Positional: pybind11 matches keywords one by one, a cost on every call.
+        answer = self._begin(scope, key, lease, heartbeat, ttl, wait, fingerprint, codec)
         if isinstance(answer, tuple):
             self._in_progress(scope, key, *answer)
         return answer
 
-    def run(self, scope: Key, key: Key, fn: Callable[[Attempt], Any], **options: Any) -> Result:
+    def run(
+        self,
+        scope: Key,
+        key: Key,
+        fn: Callable[[Attempt], Any],
+        *,
+        lease: Optional[Seconds] = None,
+        heartbeat: Optional[Seconds] = None,
+        ttl: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+        fingerprint: Optional[Key] = None,
+        codec: Any = None,
+    ) -> Result:
         """Runs ``fn(attempt)`` at most once per (scope, key) and returns the Result: its
         value (``replayed`` False, with the lease's ``token``, ``attempt`` and ``stolen``),
         or the stored value of the run that completed first (``replayed`` True; fn did not
@@ -159,7 +193,10 @@ class Executor(_idem.Executor):
         result was not recorded), StoreUnavailable, DecodeFailed, ShutDown, or fn's own
         exception, unchanged, after releasing the key. The GIL is released while idem waits
         for the store; fn runs in this thread, holding it."""
-        attempt = self.begin(scope, key, **options)
+        # begin(), inline: one Python call less on every run.
+        attempt = self._begin(scope, key, lease, heartbeat, ttl, wait, fingerprint, codec)
+        if isinstance(attempt, tuple):
+            self._in_progress(scope, key, *attempt)
         if attempt.replayed:
             return attempt.result
         token = _current.set(attempt)
@@ -230,7 +267,18 @@ class Executor(_idem.Executor):
             self._in_progress(scope, key, *answer)
         return AsyncAttempt(self, answer)
 
-    def begin_async(self, scope: Key, key: Key, **options: Any) -> "_BeginAsync":
+    def begin_async(
+        self,
+        scope: Key,
+        key: Key,
+        *,
+        lease: Optional[Seconds] = None,
+        heartbeat: Optional[Seconds] = None,
+        ttl: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+        fingerprint: Optional[Key] = None,
+        codec: Any = None,
+    ) -> "_BeginAsync":
         """begin() for asyncio: ``async with executor.begin_async(scope, key) as attempt``
         (or ``attempt = await executor.begin_async(...)``). The store calls run on the
         executor's threads and waiting on a busy key is asynchronous, so the event loop is
@@ -238,15 +286,33 @@ class Executor(_idem.Executor):
         Inside the block, ``await attempt.complete(value)`` records the result; leaving it
         by an exception (cancellation included), or without completing, releases the key.
         A busy key raises InProgress (after ``wait`` seconds, if given)."""
+        options = dict(
+            lease=lease, heartbeat=heartbeat, ttl=ttl, wait=wait, fingerprint=fingerprint,
+            codec=codec,
+        )
         return _BeginAsync(self, scope, key, options)
 
     async def run_async(
-        self, scope: Key, key: Key, fn: Callable[["AsyncAttempt"], Any], **options: Any
+        self,
+        scope: Key,
+        key: Key,
+        fn: Callable[["AsyncAttempt"], Any],
+        *,
+        lease: Optional[Seconds] = None,
+        heartbeat: Optional[Seconds] = None,
+        ttl: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+        fingerprint: Optional[Key] = None,
+        codec: Any = None,
     ) -> Result:
         """run() for asyncio: ``fn(attempt)`` may be a coroutine function (or return an
         awaitable). Returns the Result; raises what run() raises, or fn's own exception
         (cancellation included) after releasing the key."""
-        attempt = await self._begin_async(scope, key, dict(options))
+        options = dict(
+            lease=lease, heartbeat=heartbeat, ttl=ttl, wait=wait, fingerprint=fingerprint,
+            codec=codec,
+        )
+        attempt = await self._begin_async(scope, key, options)
         if attempt.replayed:
             return attempt.result
         token = _current.set(attempt)

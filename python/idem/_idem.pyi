@@ -13,6 +13,7 @@ __version__: str
 def available_schemes() -> list[str]: ...
 def open_store(url: str, *, read_only: bool = False, create_if_missing: bool = True) -> Store: ...
 def _set_error_classes(classes: dict[str, type]) -> None: ...
+def _check_scope(value: Any) -> None: ...
 def _at_exit() -> None: ...
 def _gate_open() -> bool: ...
 
@@ -131,7 +132,6 @@ class Executor:
         self,
         scope: Key,
         key: Key,
-        *,
         lease: Optional[Seconds] = None,
         heartbeat: Optional[Seconds] = None,
         ttl: Optional[Seconds] = None,
@@ -139,6 +139,14 @@ class Executor:
         fingerprint: Optional[Key] = None,
         codec: Any = None,
     ) -> Union[Attempt, Tuple[float, datetime.datetime]]: ...
+    def _check_call_options(
+        self,
+        *,
+        lease: Optional[Seconds] = None,
+        heartbeat: Optional[Seconds] = None,
+        ttl: Optional[Seconds] = None,
+        wait: Optional[Seconds] = None,
+    ) -> None: ...
     def _begin_or_wait(
         self,
         scope: Key,

@@ -31,7 +31,15 @@ from typing import Any, Awaitable, Callable, Iterable, List, Optional, Sequence,
 
 from ._executor import Executor
 from .codecs import BytesCodec
-from .errors import InProgress, KeyReuse, LeaseLost, PayloadTooLarge, ShutDown, StoreUnavailable
+from .errors import (
+    InProgress,
+    InvalidArgument,
+    KeyReuse,
+    LeaseLost,
+    PayloadTooLarge,
+    ShutDown,
+    StoreUnavailable,
+)
 
 __all__ = ["IdempotencyMiddleware", "encode_record", "decode_record"]
 
@@ -217,6 +225,19 @@ class IdempotencyMiddleware:
         self.executor = executor
         self.methods = {m.upper() for m in methods}
         self.require_key = require_key
+        if scope is not None:
+            if not isinstance(scope, str):
+                raise TypeError(f"scope must be str, not {type(scope).__name__}")
+            try:
+                scope.encode("utf-8")
+            except UnicodeEncodeError as e:
+                # As Executor.run says of such a scope (a str with a lone surrogate).
+                error = InvalidArgument(
+                    f"invalid scope: a str must encode as UTF-8, and this one holds the lone "
+                    f"surrogate U+{ord(scope[e.start]):04X} at index {e.start}"
+                )
+                error.argument = "scope"
+                raise error from e
         self.fixed_scope = scope
         self.scope_header = scope_header.lower().encode("latin-1") if scope_header else None
         self.credential_scope = credential_scope
@@ -226,6 +247,8 @@ class IdempotencyMiddleware:
         self.max_request_body = max_request_body
         self.max_record = max_record
         self.options: dict = {"codec": BytesCodec()}
+        # Checked now, not on the first keyed request: a bad value raises here, naming it.
+        executor._check_call_options(wait=wait, lease=lease, ttl=ttl)
         for name, value in (("wait", wait), ("lease", lease), ("ttl", ttl)):
             if value is not None:
                 self.options[name] = value

@@ -5,9 +5,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +37,25 @@ py::object text_or_bytes(std::string_view bytes);
 
 // Raises the Python exception for an idem::Error (the classes of idem/errors.py).
 [[noreturn]] void raise_idem_error(const Error& e);
+
+// The arguments every public entry point takes, converted once, with errors that name the
+// argument (never pybind11's "Unable to cast" or its dump of a signature).
+//
+// A scope, key or fingerprint (`name`): str (its UTF-8) or bytes (a bytearray too).
+// TypeError "key must be str or bytes, not NoneType" for any other type; idem.InvalidArgument
+// for a str that has no UTF-8 form (a lone surrogate), see module.cpp.
+std::string bytes_arg(py::handle value, const char* name);
+// The same, with None for "not given".
+std::optional<std::string> opt_bytes_arg(py::handle value, const char* name);
+// A count (a limit, a size): an int, 0 or more. TypeError for another type,
+// idem.InvalidArgument when negative; one too large for size_t reads as the largest.
+std::size_t count_arg(py::handle value, const char* name);
+// The name of value's type, for TypeError messages.
+std::string type_name(py::handle value);
+
+// Raises the Python exception for `e`, with the exception in flight (`cause`) as its
+// __cause__.
+[[noreturn]] void raise_with_cause(const Error& e, py::error_already_set& cause);
 
 // idem.DecodeFailed for a codec's decode() that raised: the exception in flight becomes its
 // __cause__. `record` names the record.

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,36 +37,103 @@ namespace {
 using Seconds = py::object;
 using OptSeconds = py::object;
 
-// Seconds as the library's milliseconds, rounded to the nearest one. Out-of-range values are
-// clamped so that the library's validation names them.
-Duration to_duration(double seconds) {
-  const double ms = std::round(seconds * 1000.0);
-  if (!(ms < 1e15)) return Duration(static_cast<Duration::rep>(1e15));
-  if (!(ms > -1e15)) return Duration(static_cast<Duration::rep>(-1e15));
-  return Duration(static_cast<Duration::rep>(ms));
+// Which durations an option takes (SPEC §10: at most 365 days, whole milliseconds).
+enum class Bound {
+  kPositive,    // lease, ttl, heartbeat, the backoffs: at least 1 ms
+  kZeroOrMore,  // wait, shutdown_timeout, close(timeout): 0 is "not at all"
+};
+
+// A duration as Python users write it: "30 s", "0.25 s".
+std::string seconds_text(Duration d) {
+  const long long ms = d.count();
+  std::string s = std::to_string(ms / 1000);
+  if (const long long frac = ms % 1000; frac != 0) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, ".%03lld", frac < 0 ? -frac : frac);
+    std::string f(buf);
+    while (f.back() == '0') f.pop_back();
+    s += f;
+  }
+  return s + " s";
 }
 
-Duration duration_arg(const py::handle& v, const char* name) {
+// A duration option, as seconds (int or float) or a datetime.timedelta, in the library's
+// milliseconds (rounded to the nearest one). Every refusal names the Python option (`name`:
+// "wait", not the library's "max_wait") and shows the value as it was given: NaN is "not a
+// number", never a clamped count of milliseconds. `unset` says what to do instead of 0 when
+// the option has a default that None asks for (heartbeat).
+Duration duration_arg(const py::handle& v, const char* name, Bound bound,
+                      const char* unset = nullptr) {
   // Leaked: a module-lifetime cache that must not be destroyed after the interpreter.
   static const py::object* timedelta =
       new py::object(py::module_::import("datetime").attr("timedelta"));
   double seconds = 0;
+  std::string given;  // the value as the messages show it
   if (py::isinstance(v, *timedelta)) {
     seconds = py::cast<double>(v.attr("total_seconds")());
-  } else if ((PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr())) && !PyBool_Check(v.ptr())) {
-    seconds = PyFloat_AsDouble(v.ptr());
-    if (seconds == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    given = "timedelta(" + std::string(py::str(v)) + ")";
+  } else if (PyFloat_Check(v.ptr())) {
+    seconds = PyFloat_AS_DOUBLE(v.ptr());
+    given = std::string(py::repr(v)) + (std::isfinite(seconds) ? " s" : "");
+  } else if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
+    seconds = PyLong_AsDouble(v.ptr());
+    if (seconds == -1.0 && PyErr_Occurred()) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw py::error_already_set();
+      PyErr_Clear();  // more than a double holds: refused below as too large or negative
+      seconds =
+          PyObject_RichCompareBool(v.ptr(), py::int_(0).ptr(), Py_LT) == 1 ? -HUGE_VAL : HUGE_VAL;
+    }
+    given = py::repr(v);
+    if (given.size() > 24) {
+      const bool negative = given.front() == '-';
+      given = std::string(negative ? "-" : "") + "an int of " +
+              std::to_string(given.size() - (negative ? 1 : 0)) + " digits";
+    } else {
+      given += " s";
+    }
   } else {
     throw py::type_error(std::string(name) +
                          " must be seconds (int or float) or a datetime.timedelta, not " +
-                         std::string(py::str(py::type::handle_of(v).attr("__name__"))));
+                         type_name(v));
   }
-  return to_duration(seconds);
+  if (std::isnan(seconds)) {
+    throw InvalidArgument(name, "not a number (" + std::string(py::repr(v)) +
+                                    "); give seconds (an int or float) or a datetime.timedelta");
+  }
+  const std::string range = bound == Bound::kPositive
+                                ? "more than 0 and at most 365 days (31536000 s)"
+                                : "0 to 365 days (31536000 s)";
+  const double ms = std::round(seconds * 1000.0);  // inf stays inf
+  const bool refused_zero = bound == Bound::kPositive && seconds == 0;
+  if (seconds < 0 || ms > static_cast<double>(kMaxDuration.count()) || refused_zero) {
+    std::string why = "must be " + range + ", got " + given;
+    if (refused_zero && unset != nullptr) why += std::string("; ") + unset;
+    throw InvalidArgument(name, why);
+  }
+  if (bound == Bound::kPositive && ms < 1) {
+    throw InvalidArgument(
+        name, "must be at least 0.001 s (idem counts whole milliseconds), got " + given);
+  }
+  return Duration(static_cast<Duration::rep>(ms));
 }
 
-std::optional<Duration> opt_duration(const py::handle& v, const char* name) {
+std::optional<Duration> opt_duration(const py::handle& v, const char* name, Bound bound,
+                                     const char* unset = nullptr) {
   if (v.is_none()) return std::nullopt;
-  return duration_arg(v, name);
+  return duration_arg(v, name, bound, unset);
+}
+
+// heartbeat=0 meant "the default" in the library; in Python the default is None.
+constexpr const char* kHeartbeatUnset = "leave it unset (None) for lease / 3";
+
+// SPEC §6: the heartbeat must come round within the lease. Checked here so that the message
+// is in seconds, as the options were given.
+void check_heartbeat(Duration heartbeat, Duration lease, const char* whose) {
+  if (heartbeat >= lease) {
+    throw InvalidArgument("heartbeat", std::string("must be shorter than ") + whose + " (" +
+                                           seconds_text(lease) + "), got " +
+                                           seconds_text(heartbeat));
+  }
 }
 
 // --- the default codec ---
@@ -445,8 +513,8 @@ py::object answer_object(const std::shared_ptr<Executor>& executor, const py::ob
                          const py::object& key_obj, const Codec& c,
                          BeginResult<std::string>&& begun) {
   if (Result<std::string>* replay = begun.replay()) {
-    const std::string scope = py::cast<std::string>(scope_obj);
-    const std::string key = py::cast<std::string>(key_obj);
+    const std::string scope = bytes_arg(scope_obj, "scope");
+    const std::string key = bytes_arg(key_obj, "key");
     py::object value = c.decode(replay->value, RecordRef{scope, key});
     return py::cast(std::make_unique<PyAttempt>(executor, scope_obj, key_obj,
                                                 PyResult::of(std::move(value), *replay)));
@@ -595,18 +663,28 @@ struct PyExecutor {
   ExecutorOptions options;
 
   PyExecutor(std::shared_ptr<PyStore> store_in, Seconds lease, OptSeconds heartbeat, Seconds ttl,
-             Seconds wait, Seconds initial_backoff, Seconds max_backoff, std::size_t max_payload,
+             Seconds wait, Seconds initial_backoff, Seconds max_backoff, py::object max_payload,
              Seconds shutdown_timeout, py::object on_event, py::object codec_in)
       : store(std::move(store_in)) {
     if (!store) throw py::type_error("Executor needs a store (idem.open_store(url))");
-    options.lease = duration_arg(lease, "lease");
-    if (auto h = opt_duration(heartbeat, "heartbeat")) options.heartbeat = *h;
-    options.ttl = duration_arg(ttl, "ttl");
-    options.wait.max_wait = duration_arg(wait, "wait");
-    options.wait.initial_backoff = duration_arg(initial_backoff, "initial_backoff");
-    options.wait.max_backoff = duration_arg(max_backoff, "max_backoff");
-    options.max_payload = max_payload;
-    options.shutdown_timeout = duration_arg(shutdown_timeout, "shutdown_timeout");
+    options.lease = duration_arg(lease, "lease", Bound::kPositive);
+    if (auto h = opt_duration(heartbeat, "heartbeat", Bound::kPositive, kHeartbeatUnset)) {
+      check_heartbeat(*h, options.lease, "the lease");
+      options.heartbeat = *h;
+    }
+    options.ttl = duration_arg(ttl, "ttl", Bound::kPositive);
+    options.wait.max_wait = duration_arg(wait, "wait", Bound::kZeroOrMore);
+    options.wait.initial_backoff =
+        duration_arg(initial_backoff, "initial_backoff", Bound::kPositive);
+    options.wait.max_backoff = duration_arg(max_backoff, "max_backoff", Bound::kPositive);
+    if (options.wait.max_backoff < options.wait.initial_backoff) {
+      throw InvalidArgument("max_backoff", "must be at least initial_backoff (" +
+                                               seconds_text(options.wait.initial_backoff) +
+                                               "), got " + seconds_text(options.wait.max_backoff));
+    }
+    options.max_payload = count_arg(max_payload, "max_payload");
+    options.shutdown_timeout =
+        duration_arg(shutdown_timeout, "shutdown_timeout", Bound::kZeroOrMore);
     if (!on_event.is_none()) options.on_event = event_hook(SharedObject(std::move(on_event)));
     codec = Codec(codec_in.is_none() ? py::cast(DefaultCodec{}) : std::move(codec_in));
     ExecutorOptions copy = options;
@@ -640,17 +718,21 @@ struct PyExecutor {
 
   CallOptions call_options(const OptSeconds& lease, const OptSeconds& heartbeat,
                            const OptSeconds& ttl, const OptSeconds& wait,
-                           const std::optional<std::string>& fingerprint) const {
+                           const py::object& fingerprint) const {
     CallOptions call;
-    call.lease = opt_duration(lease, "lease");
-    call.heartbeat = opt_duration(heartbeat, "heartbeat");
-    call.ttl = opt_duration(ttl, "ttl");
-    if (auto w = opt_duration(wait, "wait")) {
+    call.lease = opt_duration(lease, "lease", Bound::kPositive);
+    call.heartbeat = opt_duration(heartbeat, "heartbeat", Bound::kPositive, kHeartbeatUnset);
+    if (call.heartbeat) {
+      check_heartbeat(*call.heartbeat, call.lease.value_or(options.lease),
+                      call.lease ? "this call's lease" : "the executor's lease");
+    }
+    call.ttl = opt_duration(ttl, "ttl", Bound::kPositive);
+    if (auto w = opt_duration(wait, "wait", Bound::kZeroOrMore)) {
       WaitPolicy policy = options.wait;
       policy.max_wait = *w;
       call.wait = policy;
     }
-    call.fingerprint = fingerprint;
+    call.fingerprint = opt_bytes_arg(fingerprint, "fingerprint");
     return call;
   }
 
@@ -659,8 +741,8 @@ struct PyExecutor {
   // begin()'s answer for Python (see answer_object).
   py::object begin_answer(const py::object& scope_obj, const py::object& key_obj,
                           const CallOptions& call, const Codec& c) {
-    const std::string scope = py::cast<std::string>(scope_obj);
-    const std::string key = py::cast<std::string>(key_obj);
+    const std::string scope = bytes_arg(scope_obj, "scope");
+    const std::string key = bytes_arg(key_obj, "key");
     BeginResult<std::string> begun = without_gil([&] {
       BeginResult<std::string> b = executor->begin<std::string>(scope, key, call);
       give_back_if_exiting(b);
@@ -674,8 +756,8 @@ struct PyExecutor {
   py::object begin_or_wait(const py::object& scope_obj, const py::object& key_obj, CallOptions call,
                            const Codec& c, py::object notify) {
     if (!PyCallable_Check(notify.ptr())) throw py::type_error("notify must be callable");
-    const std::string scope = py::cast<std::string>(scope_obj);
-    const std::string key = py::cast<std::string>(key_obj);
+    const std::string scope = bytes_arg(scope_obj, "scope");
+    const std::string key = bytes_arg(key_obj, "key");
     auto pending = std::make_unique<PendingBegin>(executor, scope_obj, key_obj, c,
                                                   SharedObject(std::move(notify)));
     call.stop_token = pending->stop_token();
@@ -853,7 +935,7 @@ an attempt that was not ended, releases.)doc")
 
   py::class_<PyExecutor>(m, "Executor", "The C++ executor; use idem.Executor.")
       .def(py::init<std::shared_ptr<PyStore>, Seconds, OptSeconds, Seconds, Seconds, Seconds,
-                    Seconds, std::size_t, Seconds, py::object, py::object>(),
+                    Seconds, py::object, Seconds, py::object, py::object>(),
            py::arg("store"), py::kw_only(), py::arg("lease") = 30,
            py::arg("heartbeat") = py::none(), py::arg("ttl") = 86400, py::arg("wait") = 0,
            py::arg("initial_backoff") = 0.01, py::arg("max_backoff") = 1.0,
@@ -863,13 +945,13 @@ an attempt that was not ended, releases.)doc")
           "_begin",
           [](PyExecutor& self, const py::object& scope, const py::object& key,
              const OptSeconds& lease, const OptSeconds& heartbeat, const OptSeconds& ttl,
-             const OptSeconds& wait, const std::optional<std::string>& fingerprint,
+             const OptSeconds& wait, const py::object& fingerprint,
              const py::object& codec) -> py::object {
             return self.begin_answer(scope, key,
                                      self.call_options(lease, heartbeat, ttl, wait, fingerprint),
                                      self.codec_for(codec));
           },
-          py::arg("scope"), py::arg("key"), py::kw_only(), py::arg("lease") = py::none(),
+          py::arg("scope"), py::arg("key"), py::arg("lease") = py::none(),
           py::arg("heartbeat") = py::none(), py::arg("ttl") = py::none(),
           py::arg("wait") = py::none(), py::arg("fingerprint") = py::none(),
           py::arg("codec") = py::none(),
@@ -879,7 +961,7 @@ an attempt that was not ended, releases.)doc")
           "_begin_or_wait",
           [](PyExecutor& self, const py::object& scope, const py::object& key, py::object notify,
              const OptSeconds& lease, const OptSeconds& heartbeat, const OptSeconds& ttl,
-             const OptSeconds& wait, const std::optional<std::string>& fingerprint,
+             const OptSeconds& wait, const py::object& fingerprint,
              const py::object& codec) -> py::object {
             return self.begin_or_wait(scope, key,
                                       self.call_options(lease, heartbeat, ttl, wait, fingerprint),
@@ -895,10 +977,21 @@ an attempt that was not ended, releases.)doc")
           "releases, and calls notify() once (on another thread, holding the GIL) when its "
           "answer() is ready.")
       .def(
+          "_check_call_options",
+          [](const PyExecutor& self, const OptSeconds& lease, const OptSeconds& heartbeat,
+             const OptSeconds& ttl, const OptSeconds& wait) {
+            (void)self.call_options(lease, heartbeat, ttl, wait, py::none());
+          },
+          py::kw_only(), py::arg("lease") = py::none(), py::arg("heartbeat") = py::none(),
+          py::arg("ttl") = py::none(), py::arg("wait") = py::none(),
+          "Raises what run() would raise for these per-call durations (TypeError, "
+          "InvalidArgument), without a call: for the decorator and the ASGI middleware, "
+          "which take them once and use them on every call.")
+      .def(
           "_in_progress",
           [](PyExecutor&, const py::object& scope, const py::object& key, double remaining,
              const py::object& expires_at) {
-            const std::string s = py::cast<std::string>(scope), k = py::cast<std::string>(key);
+            const std::string s = bytes_arg(scope, "scope"), k = bytes_arg(key, "key");
             const double at = py::cast<double>(expires_at.attr("timestamp")());
             raise_idem_error(InProgress(
                 Timestamp(Duration(static_cast<Duration::rep>(at * 1000.0 + 0.5))),
@@ -908,7 +1001,7 @@ an attempt that was not ended, releases.)doc")
       .def(
           "shutdown",
           [](PyExecutor& self, const OptSeconds& timeout) {
-            const std::optional<Duration> t = opt_duration(timeout, "timeout");
+            const std::optional<Duration> t = opt_duration(timeout, "timeout", Bound::kZeroOrMore);
             without_gil([&] { self.executor->shutdown(t); });
           },
           py::arg("timeout") = py::none())

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@
 #include "gil.h"
 #include "idem/error.h"
 #include "idem/open_store.h"
+#include "idem/store.h"
 #include "idem/version.h"
 
 namespace idem::python {
@@ -204,13 +206,86 @@ void raise_idem_error(const Error& e) {
   throw py::error_already_set();
 }
 
-void raise_decode_failed(py::error_already_set& cause, std::string_view bytes, RecordRef record) {
-  const std::string reason = py::str(cause.value());
-  DecodeFailed error(std::string(bytes), reason, record);
-  py::object exc = make_error(error);
+void raise_with_cause(const Error& e, py::error_already_set& cause) {
+  py::object exc = make_error(e);
   PyException_SetCause(exc.ptr(), cause.value().inc_ref().ptr());
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
+}
+
+void raise_decode_failed(py::error_already_set& cause, std::string_view bytes, RecordRef record) {
+  const std::string reason = py::str(cause.value());
+  raise_with_cause(DecodeFailed(std::string(bytes), reason, record), cause);
+}
+
+// --- arguments ---
+
+std::string type_name(py::handle value) {
+  return py::str(py::type::handle_of(value).attr("__name__"));
+}
+
+std::string bytes_arg(py::handle value, const char* name) {
+  PyObject* o = value.ptr();
+  if (PyUnicode_Check(o)) {
+    Py_ssize_t size = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(o, &size);
+    if (utf8 != nullptr) return std::string(utf8, static_cast<std::size_t>(size));
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) throw py::error_already_set();
+    py::error_already_set cause;
+    // A lone surrogate ('\ud800', as os.fsdecode and surrogateescape make): the argument
+    // has the right type but a value that has no UTF-8 form, so by Python's convention a
+    // ValueError, not a TypeError ('\ud800'.encode() raises UnicodeEncodeError, a
+    // ValueError). It is idem.InvalidArgument (a ValueError too), like every other scope or
+    // key that cannot be one (empty, too long): `argument` names it, `except idem.Error`
+    // catches it, and the UnicodeEncodeError is its __cause__.
+    std::string where;
+    try {
+      const auto start = py::cast<Py_ssize_t>(cause.value().attr("start"));
+      char code[16];
+      std::snprintf(code, sizeof code, "U+%04X",
+                    static_cast<unsigned>(PyUnicode_ReadChar(o, start)));
+      where =
+          std::string(" holds the lone surrogate ") + code + " at index " + std::to_string(start);
+    } catch (py::error_already_set&) {
+      where = " holds a lone surrogate";
+    }
+    raise_with_cause(InvalidArgument(name, std::string("a str must encode as UTF-8, and this one") +
+                                               where + "; pass bytes for a binary " + name),
+                     cause);
+  }
+  if (PyBytes_Check(o)) {
+    return std::string(PyBytes_AS_STRING(o), static_cast<std::size_t>(PyBytes_GET_SIZE(o)));
+  }
+  if (PyByteArray_Check(o)) {
+    return std::string(PyByteArray_AS_STRING(o), static_cast<std::size_t>(PyByteArray_GET_SIZE(o)));
+  }
+  throw py::type_error(std::string(name) + " must be str or bytes, not " + type_name(value));
+}
+
+std::optional<std::string> opt_bytes_arg(py::handle value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  PyObject* o = value.ptr();
+  if (!PyUnicode_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)) {
+    throw py::type_error(std::string(name) + " must be str or bytes (or None), not " +
+                         type_name(value));
+  }
+  return bytes_arg(value, name);
+}
+
+std::size_t count_arg(py::handle value, const char* name) {
+  PyObject* o = value.ptr();
+  if (!PyLong_Check(o) || PyBool_Check(o)) {
+    throw py::type_error(std::string(name) + " must be an int, not " + type_name(value));
+  }
+  const unsigned long long n = PyLong_AsUnsignedLongLong(o);
+  if (n == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();  // OverflowError: negative, or more than 64 bits
+    if (PyObject_RichCompareBool(o, py::int_(0).ptr(), Py_LT) == 1) {
+      throw InvalidArgument(name, "must be 0 or more, got " + std::string(py::repr(value)));
+    }
+    return static_cast<std::size_t>(-1);
+  }
+  return static_cast<std::size_t>(n);
 }
 
 // --- executors alive, for the exit hook ---
@@ -290,6 +365,12 @@ PYBIND11_MODULE(_idem, m) {
 
   m.def("_set_error_classes", &set_error_classes, py::arg("classes"));
   m.def(
+      "_check_scope", [](py::handle value) { idem::validate_scope(bytes_arg(value, "scope")); },
+      py::arg("value"),
+      "Raises what run() raises for a scope that cannot be one: TypeError for a type other "
+      "than str or bytes, InvalidArgument for a str with no UTF-8 form or a wrong length. "
+      "For the decorator's fixed scope, checked when it decorates; not for callers.");
+  m.def(
       "_at_exit",
       [] {
         Gate::instance().begin_exit();
@@ -310,7 +391,9 @@ PYBIND11_MODULE(_idem, m) {
           "The store's URL with any password redacted.")
       .def(
           "get",
-          [](const PyStore& s, const std::string& scope, const std::string& key) -> py::object {
+          [](const PyStore& s, py::handle scope_obj, py::handle key_obj) -> py::object {
+            const std::string scope = bytes_arg(scope_obj, "scope");
+            const std::string key = bytes_arg(key_obj, "key");
             auto r = without_gil([&] { return s.store->get(scope, key); });
             if (!r) return py::none();
             return record_dict(*r);
@@ -319,14 +402,17 @@ PYBIND11_MODULE(_idem, m) {
           "A snapshot of one record as a dict, or None. Changes nothing.")
       .def(
           "forget",
-          [](const PyStore& s, const std::string& scope, const std::string& key) {
+          [](const PyStore& s, py::handle scope_obj, py::handle key_obj) {
+            const std::string scope = bytes_arg(scope_obj, "scope");
+            const std::string key = bytes_arg(key_obj, "key");
             return without_gil([&] { return s.store->forget(scope, key); });
           },
           py::arg("scope"), py::arg("key"),
           "An operator's delete, whatever the record's state; a current owner is then fenced.")
       .def(
           "purge",
-          [](const PyStore& s, std::size_t limit) {
+          [](const PyStore& s, py::handle limit_obj) {
+            const std::size_t limit = count_arg(limit_obj, "limit");
             return without_gil([&] { return s.store->purge(limit); });
           },
           py::arg("limit") = 1000, "Deletes up to `limit` expired records; returns how many.")

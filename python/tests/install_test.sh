@@ -10,7 +10,20 @@ work=$(mktemp -d /tmp/idem-python-install.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 "$python" -m venv --system-site-packages "$work/venv"
 # (setuptools leaves python/build/ and python/idem.egg-info/ behind; .gitignore has them.)
-IDEM_CMAKE_BUILD_DIR=$build "$work/venv/bin/pip" install --no-build-isolation --no-deps -q "$src"
+# -v as documented: pip then passes the build's progress lines on (setup.py's "idem:" lines
+# and CMake's), which it otherwise keeps to itself.
+if ! IDEM_CMAKE_BUILD_DIR=$build "$work/venv/bin/pip" install -v --no-build-isolation --no-deps \
+    "$src" >"$work/pip.log" 2>&1; then
+  cat "$work/pip.log"
+  exit 1
+fi
+for line in "idem: using the CMake build tree $build" "idem: compiling the C++ library" "idem: built _idem"; do
+  if ! grep -qF "$line" "$work/pip.log"; then
+    cat "$work/pip.log"
+    echo "install_test.sh: pip install -v did not show the build's progress line: $line" >&2
+    exit 1
+  fi
+done
 cd "$work"
 "$work/venv/bin/python" - "$work/venv" <<'PY'
 import sys

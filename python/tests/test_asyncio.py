@@ -47,6 +47,27 @@ def test_begin_async_as_an_async_context_manager(executor, store, scope):
     asyncio.run(main())
 
 
+def test_lease_lost_reads_true_after_an_async_complete_raised_lease_lost(store, scope):
+    ex = idem.Executor(store, lease=60)
+    other = idem.Executor(store)
+
+    async def main():
+        async with ex.begin_async(scope, "k") as attempt:
+            store.forget(scope, "k")
+            other.begin(scope, "k").complete("theirs")
+            assert not attempt.lease_lost  # the heartbeat has not come round
+            with pytest.raises(idem.LeaseLost):
+                await attempt.complete("mine")
+            assert attempt.lease_lost
+            assert attempt.attempt.lease_lost
+
+    try:
+        asyncio.run(main())
+    finally:
+        ex.close(timeout=0)
+        other.close(timeout=0)
+
+
 def test_an_exception_in_the_block_or_the_action_releases(executor, store, scope):
     async def main():
         with pytest.raises(KeyError):

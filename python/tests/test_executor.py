@@ -193,6 +193,49 @@ def test_a_taken_over_key_fences_the_old_owner(store, scope):
         other.close(timeout=0)
 
 
+def test_lease_lost_reads_true_after_complete_raised_lease_lost(store, scope):
+    # docs/python.md: lease_lost is true when another caller took the key over. Here only
+    # complete() can tell: the heartbeat (every 20 s) has not come round yet.
+    ex = idem.Executor(store, lease=60)
+    other = idem.Executor(store)
+    try:
+        attempt = ex.begin(scope, "k")
+        store.forget(scope, "k")
+        new = other.begin(scope, "k")
+        assert not attempt.lease_lost  # nobody noticed yet
+        with pytest.raises(idem.LeaseLost) as e:
+            attempt.complete("late")
+        assert e.value.token == attempt.token and not attempt.active
+        assert attempt.lease_lost
+        with pytest.raises(idem.LeaseLost):
+            attempt.raise_if_lost()
+        new.complete("new")
+    finally:
+        ex.close(timeout=0)
+        other.close(timeout=0)
+
+
+def test_lease_lost_reads_true_after_run_raised_lease_lost(store, scope):
+    ex = idem.Executor(store, lease=60)
+    other = idem.Executor(store)
+    seen = []
+    try:
+
+        def action(attempt):
+            seen.append(attempt)
+            store.forget(scope, "k")
+            other.begin(scope, "k").complete("theirs")
+            return "mine"
+
+        with pytest.raises(idem.LeaseLost):
+            ex.run(scope, "k", action)
+        assert seen[0].lease_lost
+        assert ex.run(scope, "k", lambda a: "x").value == "theirs"
+    finally:
+        ex.close(timeout=0)
+        other.close(timeout=0)
+
+
 def test_begin_as_a_context_manager(executor, store, scope):
     with executor.begin(scope, "k") as attempt:
         assert not attempt.replayed and attempt.active and attempt.number == 1
