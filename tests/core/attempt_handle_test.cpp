@@ -461,10 +461,26 @@ TEST_F(AttemptHandleTest, AFencedCompleteMarksTheLeaseLost) {
   AttemptHandle<>& handle = *begun.handle();
   ASSERT_FALSE(handle.lease_lost());
   ASSERT_TRUE(memory_->forget("s", "k"));
-  EXPECT_THAT([&] { (void)handle.complete("fenced"); }, ThrowsIdem(ErrorCode::kLeaseLost));
+  try {
+    (void)handle.complete("fenced");
+    ADD_FAILURE() << "a complete on a forgotten record was recorded";
+  } catch (const idem::LeaseLost& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the record is gone"));
+  }
   EXPECT_TRUE(handle.lease_lost());
   EXPECT_TRUE(handle.stop_token().stop_requested());
   EXPECT_THROW(handle.throw_if_lost(), idem::LeaseLost);
+  // The key acquired afresh by another caller after the record went: not "expired".
+  auto second = exec.begin("s", "k2");
+  ASSERT_TRUE(memory_->forget("s", "k2"));
+  ASSERT_THAT(memory_->acquire("s", "k2", 60s, 1h), idem::testing::IsAcquired());
+  try {
+    (void)second.handle()->complete("fenced");
+    ADD_FAILURE() << "a complete on a record acquired afresh was recorded";
+  } catch (const idem::LeaseLost& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("attempt 1) took the key over after this "
+                                               "lease's record was deleted or lost"));
+  }
 }
 
 // Many threads begin and end handles on overlapping keys, ending them every way there is:
