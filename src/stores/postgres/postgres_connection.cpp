@@ -1,7 +1,11 @@
 #include "stores/postgres/postgres_connection.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_acked (glibc's lacks it)
 #include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -315,6 +319,26 @@ Connection::Connection(const std::vector<std::pair<std::string, std::string>>& p
   if (PQsetnonblocking(conn_.get(), 1) != 0) {
     throw PgError(store_, "cannot connect: " + one_line(PQerrorMessage(conn_.get())), "");
   }
+  probe_.fd = ::fcntl(PQsocket(conn_.get()), F_DUPFD_CLOEXEC, 0);
+  if (probe_.fd >= 0 && !delivered()) {
+    ::close(probe_.fd);  // a unix socket
+    probe_.fd = -1;
+  }
+}
+
+Connection::Fd::~Fd() {
+  if (fd >= 0) ::close(fd);
+}
+
+std::optional<Connection::Delivery> Connection::delivered() const {
+  if (probe_.fd < 0) return std::nullopt;
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(probe_.fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_data_segs_out) + sizeof info.tcpi_data_segs_out) {
+    return std::nullopt;
+  }
+  return Delivery{info.tcpi_bytes_acked, info.tcpi_data_segs_out};
 }
 
 Connection::~Connection() {
@@ -517,13 +541,21 @@ struct Connection::Attempt {
 
 Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
                                         const std::vector<bool>& parse, std::size_t result_of,
-                                        bool named, Deadline deadline) {
+                                        bool named, Deadline deadline, bool probe_delivery) {
   PGconn* c = conn_.get();
   const char* doing = "waiting for the server";
   Attempt out;
   auto lost = [&](const std::string& what) {
     out.failure = {what + ": " + one_line(PQerrorMessage(c)), "", true};
     broken_ = true;
+  };
+  // What the peer had acknowledged before the call sent anything (see delivered()).
+  const std::optional<Delivery> before = probe_delivery ? delivered() : std::optional<Delivery>();
+  // After the connection was lost: none of the call's bytes acknowledged, and they went in
+  // one segment at most (so the server read all of them or none), means none was read.
+  auto unread = [&] {
+    const std::optional<Delivery> after = before ? delivered() : std::nullopt;
+    return after && after->acked == before->acked && after->segments - before->segments <= 1;
   };
   // One statement already prepared, or sent as text, needs no pipeline: libpq sends its
   // messages and a Sync in one go, and the client does less per call (replays on a
@@ -576,7 +608,7 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
   }
   if (!flush(deadline, doing)) {
     lost("connection lost sending a statement");
-    out.failure.not_executed = bytes < kSmallPipeline;
+    out.failure.not_executed = bytes < kSmallPipeline || unread();
     return out;
   }
 
@@ -645,6 +677,7 @@ Connection::Attempt Connection::attempt(const std::vector<Step>& steps,
                      "", true};
     }
     out.failure.connection_lost = true;
+    out.failure.not_executed = out.failure.not_executed || unread();
     out.ok = false;
     return out;
   }
@@ -680,7 +713,8 @@ void Connection::roll_back(Deadline deadline) {
   }
 }
 
-Result Connection::run(const std::vector<Step>& steps, std::size_t result_of, Deadline deadline) {
+Result Connection::run(const std::vector<Step>& steps, std::size_t result_of, Deadline deadline,
+                       bool probe_delivery) {
   std::vector<bool> parse(steps.size(), false);
   if (use_.named && use_.own_session) {
     for (std::size_t i = 0; i < steps.size(); ++i) {
@@ -695,7 +729,7 @@ Result Connection::run(const std::vector<Step>& steps, std::size_t result_of, De
   constexpr int kRounds = 4;
   for (int round = 0; round <= kRounds; ++round) {
     const bool by_text = round == kRounds;
-    Attempt a = attempt(steps, parse, result_of, use_.named && !by_text, deadline);
+    Attempt a = attempt(steps, parse, result_of, use_.named && !by_text, deadline, probe_delivery);
     if (a.ok) return std::move(a.result);
     const std::string& state = a.failure.sqlstate;
     const bool retry =

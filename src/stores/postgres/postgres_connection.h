@@ -197,7 +197,11 @@ class Connection {
   // (and parsed first, in the same round trip, where this session is not known to have it);
   // when a server session lacks it (26000) or has it already (42P05), the pipeline, which
   // then did nothing, is sent again. A transaction the failure left open is rolled back.
-  Result run(const std::vector<Step>& steps, std::size_t result_of, Deadline deadline);
+  // `probe_delivery` (for statements that write): on TCP, a connection lost with none of
+  // the call's bytes acknowledged by the peer, sent as one segment at most, is known not to
+  // have run (PgError::not_executed), at the cost of a getsockopt() per call (delivered()).
+  Result run(const std::vector<Step>& steps, std::size_t result_of, Deadline deadline,
+             bool probe_delivery = false);
   // Runs one or more statements as text (settings, schema checks and creation).
   Result exec(const std::string& sql, Deadline deadline);
 
@@ -222,13 +226,36 @@ class Connection {
   // One attempt at a pipeline; `parse` says which steps are parsed first.
   struct Attempt;
   Attempt attempt(const std::vector<Step>& steps, const std::vector<bool>& parse,
-                  std::size_t result_of, bool named, Deadline deadline);
+                  std::size_t result_of, bool named, Deadline deadline, bool probe_delivery);
+  // What the peer acknowledged of what this connection sent, and the data segments it sent
+  // (Linux's TCP_INFO); nothing on a socket that is not TCP. libpq (14 and later) reports a
+  // send that failed (EPIPE, ECONNRESET) as done and the failure at the next read, as it
+  // reports an end of file after the statement ran; the peer's acknowledgement tells them
+  // apart: bytes it never acknowledged, in one segment, were never read by the server (a
+  // process that read them and ended would have acknowledged them with its FIN, its answer
+  // or its error).
+  struct Delivery {
+    std::uint64_t acked = 0;
+    std::uint32_t segments = 0;
+  };
+  std::optional<Delivery> delivered() const;
   // After a failed pipeline: ends an aborted transaction so the connection can be reused.
   void roll_back(Deadline deadline);
 
   struct Finish {
     void operator()(PGconn* c) const { PQfinish(c); }
   };
+  // A descriptor of our own for the connection's TCP socket (-1: not TCP), for delivered():
+  // libpq closes its own when it reads an end of file. Declared before conn_ so that it is
+  // closed after libpq's (the socket is closed by the last).
+  struct Fd {
+    int fd = -1;
+    Fd() = default;
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd();
+  };
+  Fd probe_;
   std::unique_ptr<PGconn, Finish> conn_;
   std::string store_;
   Duration timeout_;

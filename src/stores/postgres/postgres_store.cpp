@@ -419,10 +419,13 @@ struct PostgresStore::Impl {
   // settings go with it, and a statement that may write runs in its own READ COMMITTED
   // transaction, whatever default_transaction_isolation says (a lone read sees one snapshot
   // at every isolation level).
+  // A write asks the connection to tell a statement the server never read (none of its
+  // bytes acknowledged) from one whose answer was lost (Connection::run, probe_delivery).
   Result run(Connection& c, const Statement& s, const Params& p, Access access, Deadline d) {
-    if (use.own_session) return c.run({{&s, &p}}, 0, d);
-    if (access == Access::kRead) return c.run({{&st->settings}, {&s, &p}}, 1, d);
-    return c.run({{&st->begin}, {&st->settings}, {&s, &p}, {&st->commit}}, 2, d);
+    const bool write = access == Access::kWrite;
+    if (use.own_session) return c.run({{&s, &p}}, 0, d, write);
+    if (!write) return c.run({{&st->settings}, {&s, &p}}, 1, d);
+    return c.run({{&st->begin}, {&st->settings}, {&s, &p}, {&st->commit}}, 2, d, write);
   }
 
   // Runs `body(connection, deadline)` on a pooled connection within `deadline` (by default

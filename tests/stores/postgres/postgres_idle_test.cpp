@@ -4,12 +4,14 @@
 // closed the connection unexpectedly".
 //
 // - The server's idle_session_timeout a few milliseconds either side of the caller's gap
-//   between calls, with busy threads beside them: no call fails, each key is acquired once.
+//   between calls, with busy threads beside them, directly and behind both test
+//   PgBouncers: no call fails, each key is acquired once.
 // - Every way a lost connection shows itself, made on purpose by a forwarder between the
 //   store and the server (FaultyForwarder): an end of file or a reset where the answer was
 //   awaited, a FATAL error other than the idle timeout's, and an answer lost after the
 //   statement ran. A read runs again on a new connection whichever it was; a complete whose
-//   answer was lost is settled (done); an acquire whose answer was lost is not repeated.
+//   answer was lost is settled (done); an acquire whose answer was lost is not repeated. A
+//   statement sent into a connection already reset or closed is known not to have run.
 // - The listening connection keeps its session under idle_session_timeout and still wakes
 //   waiters.
 
@@ -38,7 +40,9 @@
 #include "idem/open_store.h"
 #include "idem/stores/postgres_store.h"
 #include "idem/testing/matchers.h"
+#include "stores/postgres/postgres_connection.h"
 #include "stores/postgres/postgres_test_util.h"
+#include "stores/postgres/postgres_url.h"
 #include "support/eventually.h"
 
 namespace idem::testing {
@@ -208,6 +212,13 @@ class FaultyForwarder {
   FaultyForwarder& operator=(const FaultyForwarder&) = delete;
 
   int port() const { return port_; }
+  // Ends every connection open now at once, reset (RST) or closed (an end of file), with
+  // nothing asked: a connection the peer ended between the pool's check and the send.
+  void cut_now(bool reset) {
+    fired_ = false;
+    armed_below_ = accepted_.load();
+    cut_ = reset ? 2 : 1;
+  }
   // The fault takes the next request on a connection open now (one the store has pooled),
   // never on one made later (the store's new connection after the fault).
   void arm(Fault f) {
@@ -273,6 +284,14 @@ class FaultyForwarder {
     bool answer_held = false;  // kCloseAfterAnswer: the server's answer is read, not forwarded
     std::string held;          // what the server answered meanwhile
     while (!stop_) {
+      if (cut_ != 0 && id < armed_below_.load()) {
+        if (cut_.exchange(0) == 2) {
+          const linger l{1, 0};
+          ::setsockopt(client, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        }
+        fired_ = true;
+        break;
+      }
       pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
       if (::poll(p, 2, 20) <= 0) continue;
       if (p[0].revents != 0) {
@@ -340,6 +359,7 @@ class FaultyForwarder {
   std::atomic<bool> stop_{false};
   std::atomic<Fault> fault_{Fault::kNone};
   std::atomic<bool> fired_{false};
+  std::atomic<int> cut_{0};          // cut_now: 1 close, 2 reset
   std::atomic<int> accepted_{0};     // connections accepted so far
   std::atomic<int> armed_below_{0};  // the fault takes connections accepted before arm()
   std::mutex mu_;
@@ -371,11 +391,14 @@ class PostgresLostConnection : public ::testing::Test {
       : server_(split_port(postgres_url())),
         forwarder_(std::make_unique<FaultyForwarder>(server_.port)) {}
 
+  std::string forwarder_url() const {
+    return server_.head + ":" + std::to_string(forwarder_->port()) + server_.tail;
+  }
+
   // A store on a fresh table whose one connection goes through the forwarder (`query`
   // "&acquire=write-first": an acquire sends its write, never a read before it).
   std::shared_ptr<Store> open_through(std::string* table = nullptr, const std::string& query = "") {
-    return open_fresh(server_.head + ":" + std::to_string(forwarder_->port()) + server_.tail,
-                      "pool_size=1" + query, table);
+    return open_fresh(forwarder_url(), "pool_size=1" + query, table);
   }
 
   SplitUrl server_;
@@ -460,6 +483,38 @@ TEST_F(PostgresLostConnection, AWriteTheServerNeverReadRunsAgain) {
   EXPECT_TRUE(forwarder_->fired());
   RawPg raw(postgres_url());
   EXPECT_EQ(raw.value("SELECT count(*) FROM " + table), "1");
+}
+
+// A connection the peer ended between the pool's check and the send, made on one
+// connection of the store's own kind (the pool's check, which would see the end, is not
+// part of it): reset, or closed. libpq (14 and later) reports either send as done (a write
+// that fails with EPIPE or ECONNRESET "succeeds") and the failure at the next read, "server
+// closed the connection unexpectedly", as it does an answer lost after the commit. The
+// peer acknowledged none of the call's bytes, which went in one segment: a statement that
+// writes (probe_delivery) is known not to have run, and runs again; without the probe it
+// is only lost.
+TEST_F(PostgresLostConnection, ASendIntoAnEndedConnectionIsKnownNotToHaveRun) {
+  for (const bool reset : {true, false}) {
+    for (const bool probe : {true, false}) {
+      SCOPED_TRACE(std::string(reset ? "reset" : "closed") + (probe ? ", probed" : ""));
+      const auto deadline = [] { return std::chrono::steady_clock::now() + 5s; };
+      postgres::Connection c(postgres::parse_conninfo(forwarder_url()), "test", 5000ms,
+                             postgres::SessionUse{}, deadline());
+      const postgres::Statement select("t", "SELECT 1");
+      EXPECT_EQ(c.run({{&select}}, 0, deadline()).rows(), 1);
+      forwarder_->cut_now(reset);
+      ASSERT_TRUE(eventually([&] { return forwarder_->fired(); }));
+      std::this_thread::sleep_for(50ms);  // the reset or the end of file arrives
+      try {
+        (void)c.run({{&select}}, 0, deadline(), probe);
+        ADD_FAILURE() << "the call succeeded";
+      } catch (const postgres::PgError& e) {
+        EXPECT_TRUE(e.connection_lost()) << e.what();
+        EXPECT_EQ(e.not_executed(), probe) << e.what();
+        EXPECT_THAT(e.reason(), ::testing::HasSubstr("server closed the connection unexpectedly"));
+      }
+    }
+  }
 }
 
 // --- the listening connection -------------------------------------------------------------
