@@ -16,7 +16,8 @@
 //                                                                  full by default)
 //   txn_bench postgresql://... CALLERS SECONDS         (the server's synchronous_commit)
 //
-// Prints operations per second of each and the ratios tx/two and open/two.
+// Prints operations per second of each and the ratios tx/two and open/two. TXN_ONLY=0|1|2
+// runs one of them alone (two, tx, open), for a profiler.
 
 #include <sqlite3.h>
 
@@ -155,8 +156,10 @@ int main(int argc, char** argv) {
   long ops[3] = {0, 0, 0};
   double secs[3] = {0, 0, 0};
   for (int mode = 0; mode < 3; ++mode) (void)idem::bench::slice(callers, op(mode));  // warm up
+  const char* only = std::getenv("TXN_ONLY");  // profiling: one mode alone (0, 1, 2)
   for (double spent = 0; spent < seconds;) {
     for (int mode = 0; mode < 3; ++mode) {
+      if (only != nullptr && mode != std::atoi(only)) continue;
       auto [n, s] = idem::bench::slice(callers, op(mode));
       ops[mode] += n;
       secs[mode] += s;
