@@ -128,6 +128,17 @@ class TransactionalStore {
   // Best effort: a failure is ignored (a lost connection rolls back on its own).
   void rollback(const SqlConnection& conn) noexcept;
 
+  // The caller's transaction that holds a complete_in() write committed: tells the store's
+  // waiters in other processes (SPEC §7) on the store's own connection. The write itself
+  // does not notify (PostgreSQL: a notifying transaction holds the server's one lock on the
+  // notification queue through its commit's flush, so concurrent callers' commits would
+  // queue one behind another), so waiters of a run_in_open_transaction key, whose commit
+  // idem does not see, poll instead. Best effort: a failure is ignored (polling is the
+  // fallback). Called by the executor.
+  void notify_committed(std::string_view scope, std::string_view key) noexcept {
+    do_notify_committed(scope, key);
+  }
+
   // Whether a duplicate may wait for a busy key inside the caller's open transaction
   // (Executor::run_in_open_transaction's waiting policy): PostgreSQL's row locks let it;
   // SQLite's caller holds the file's one write lock, which the key's owner needs to finish.
@@ -146,6 +157,7 @@ class TransactionalStore {
   virtual void do_begin(const SqlConnection& conn) = 0;
   virtual void do_commit(const SqlConnection& conn) = 0;
   virtual void do_rollback(const SqlConnection& conn) noexcept = 0;
+  virtual void do_notify_committed(std::string_view /*scope*/, std::string_view /*key*/) noexcept {}
   // The store's part of check_connection (the kind is checked already).
   virtual void do_check_connection(const SqlConnection& conn, ConnectionUse use) = 0;
   virtual bool do_outside_transaction(const SqlConnection& conn) const noexcept = 0;

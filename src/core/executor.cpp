@@ -695,7 +695,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     if (events_) emit_for(EventKind::kLeaseLost, owner, owner.acquired_at);
   }
 
-  // AttemptHandle::committed: the caller's commit made the result durable. No store call.
+  // AttemptHandle::committed: the caller's commit made the result durable. The one store
+  // call tells the store's waiters in other processes (the write in the caller's
+  // transaction did not: TransactionalStore::notify_committed).
   Result<std::string> committed(InFlight& owner, std::string&& bytes) {
     Uncount uncount{owner.counted};
     // Whatever this returns (shutdown may have taken the lease off already), the record is
@@ -704,6 +706,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     owner.in_caller_tx.store(false, std::memory_order_relaxed);
     if (events_) emit_for(EventKind::kRan, owner, owner.started);
     owners_.finish(owner, OwnerState::kCompleted, &bytes);
+    if (TransactionalStore* tx = store_->transactions()) {
+      tx->notify_committed(owner.scope(), owner.key());
+    }
     return fresh_result(owner.token(), owner.attempt.number(), owner.attempt.stolen(),
                         std::move(bytes));
   }
@@ -756,10 +761,11 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
 
   // Executor::run_in_open_transaction, first half: the acquire in the caller's transaction.
   // A key another transaction writes, or another caller's live lease holds, is waited for
-  // under the call's waiting policy (SPEC §7), as run() waits: asked again after each pause,
-  // woken by the store's notification, within the bound; only where the store can wait
-  // inside a transaction (TransactionalStore::can_wait_in_transaction), else InProgress at
-  // once.
+  // under the call's waiting policy (SPEC §7): asked again after each pause of the policy's
+  // backoff, within the bound; only where the store can wait inside a transaction
+  // (TransactionalStore::can_wait_in_transaction), else InProgress at once. No watch: the
+  // transaction this duplicate most often waits for is another run_in_open_transaction,
+  // whose commit sends no notification (TransactionalStore::notify_committed).
   Result<std::string> begin_in_open_transaction(const SqlConnection& conn, std::string_view scope,
                                                 std::string_view key, const CallOptions& options,
                                                 std::optional<Attempt>& attempt) {
@@ -778,8 +784,6 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
         started + std::chrono::duration_cast<SteadyClock::duration>(call.wait.max_wait);
     detail::Backoff backoff(call.wait.initial_backoff, call.wait.max_backoff);
     Wakeup wakeup;
-    std::unique_ptr<RecordWatch> watch;
-    bool watch_asked = false;
     std::optional<std::stop_callback<std::reference_wrapper<Wakeup>>> on_close;
     for (;;) {
       AcquireResult acquired = guarded(
@@ -802,15 +806,6 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
           throw InProgress(busy->lease_expires_at, busy->lease_remaining, record);
         }
         if (closing()) throw shut_down_error();
-        if (!watch_asked) {
-          watch_asked = true;
-          watch = watch_record(record, [&wakeup] { wakeup.wake(); });
-          if (watch) {
-            // Ask once more now that the watch is on; from here polls are the fallback.
-            backoff.watched(call.wait.watched_backoff);
-            continue;
-          }
-        }
         // A record another transaction writes has no lease deadline to cap the pause.
         const Duration lease_left =
             busy->lease_remaining > Duration::zero() ? busy->lease_remaining : call.wait.max_wait;

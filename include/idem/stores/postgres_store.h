@@ -164,6 +164,7 @@ class PostgresStore final : public Store, public TransactionalStore {
   void do_rollback(const SqlConnection& conn) noexcept override;
   void do_check_connection(const SqlConnection& conn, ConnectionUse use) override;
   bool can_wait_in_transaction() const noexcept override { return true; }
+  void do_notify_committed(std::string_view scope, std::string_view key) noexcept override;
   bool do_outside_transaction(const SqlConnection& conn) const noexcept override;
   SqlConnection::Kind connection_kind() const noexcept override;
 

@@ -110,6 +110,9 @@ struct Statements {
       : select_record(table, sql.select_record, {kBytea, kBytea}),
         acquire(table, sql.acquire, {kBytea, kBytea, kInt8, kInt8, kBytea, kInt8}),
         complete(table, sql.complete, with_hash(sql, {kBytea, kBytea, kInt8, kBytea, kInt8})),
+        complete_quiet(table, sql.complete_quiet, {kBytea, kBytea, kInt8, kBytea, kInt8}),
+        notify(table, sql.notify.empty() ? "SELECT 1" : sql.notify,
+               sql.notify.empty() ? std::vector<Oid>{} : std::vector<Oid>{kInt8}),
         completed_by(table, sql.completed_by, {kBytea, kBytea, kInt8}),
         release(table, sql.release, with_hash(sql, {kBytea, kBytea, kInt8})),
         extend(table, sql.extend, {kBytea, kBytea, kInt8, kInt8}),
@@ -136,8 +139,8 @@ struct Statements {
   static constexpr Oid kInt8 = kInt8Oid;
   static constexpr Oid kByteas = kByteaArrayOid;
   static constexpr Oid kInt8s = kInt8ArrayOid;
-  Statement select_record, acquire, complete, completed_by, release, extend, extend_many, purge,
-      forget, select_many, acquire_many, complete_many;
+  Statement select_record, acquire, complete, complete_quiet, notify, completed_by, release, extend,
+      extend_many, purge, forget, select_many, acquire_many, complete_many;
   Statement begin, commit, settings;
   // Only on a caller's connection (SPEC §14).
   Statement acquire_nowait;

@@ -179,11 +179,12 @@ RETURNING b.i{notify})sql",
                             {"notify", notifying ? ", " + notify("b.hash") : ""}}));
 
   // SPEC §4: only the lease's token completes an IN_PROGRESS record, whatever its deadline.
-  complete = sql(
+  complete_quiet = sql(
       "UPDATE {t} SET state = 1, payload = $4, completed_at = {now}, expires_at = {now} + $5 {ms}, "
       "purge_after = {now} + $5 {ms}, acquired_at = NULL, lease_expires_at = NULL "
-      "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0" +
-      (notifying ? " RETURNING " + notify("$6") : std::string()));
+      "WHERE scope = $1 AND key = $2 AND token = $3 AND state = 0");
+  complete = complete_quiet + (notifying ? " RETURNING " + notify("$6") : std::string());
+  if (notifying) this->notify = "SELECT " + notify("$1");
 
   completed_by =
       sql("SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND token = $3 AND state = 1");

@@ -92,6 +92,15 @@ struct Sql {
   // $1 scope, $2 key, $3 token, $4 payload, $5 ttl ms (, $6 hash). Affects one row when
   // done.
   std::string complete;
+  // complete without the notification (no $6), for a caller's transaction (SPEC §14): a
+  // transaction that notifies takes the server's one lock on the notification queue at its
+  // COMMIT and holds it through the commit's flush, so concurrent callers' commits would
+  // queue one behind another instead of sharing a flush (issue 36). Their waiters are told
+  // after the commit instead (notify).
+  std::string complete_quiet;
+  // $1 hash: the notification alone, sent on the store's own connection (empty without a
+  // channel).
+  std::string notify;
   // $1 scope, $2 key, $3 token: a row when the record is COMPLETE by that token.
   std::string completed_by;
   // $1 scope, $2 key, $3 token (, $4 hash). A row when done. Commits with

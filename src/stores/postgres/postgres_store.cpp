@@ -864,6 +864,23 @@ void PostgresStore::do_check_connection(const SqlConnection& conn, ConnectionUse
   s.check_caller_database(conn.pg());
 }
 
+void PostgresStore::do_notify_committed(std::string_view scope, std::string_view key) noexcept {
+  Impl& s = *impl_;
+  if (s.channel.empty()) return;
+  try {
+    Params p;
+    p.int8(static_cast<std::int64_t>(idem::detail::stable_record_hash(scope, key)));
+    // A notification sent twice wakes a waiter twice: harmless, so it may run again.
+    (void)s.with_connection(SteadyClock::now() + s.options.timeout,
+                            Impl::Repeat::kAfterLostConnection,
+                            [&](Connection& c, Deadline deadline) {
+                              return s.run(c, s.st->notify, p, Access::kRead, deadline).rows();
+                            });
+  } catch (...) {
+    // Best effort: the waiters' polls find the record.
+  }
+}
+
 bool PostgresStore::do_outside_transaction(const SqlConnection& conn) const noexcept {
   return PQtransactionStatus(conn.pg()) == PQTRANS_IDLE;
 }
@@ -875,8 +892,9 @@ WriteResult PostgresStore::do_complete_in(const SqlConnection& conn, std::string
   PGconn* pg = conn.pg();
   Params p;
   p.bytes(scope).bytes(key).int8(static_cast<std::int64_t>(token)).bytes(payload).int8(ttl.count());
-  s.hash_of(p, scope, key);
-  if (postgres::run_on_caller(pg, s.st->complete.sql, &p, s.st->complete.types, s.describe)
+  // Quiet: the executor notifies once the caller's commit is reported (notify_committed).
+  if (postgres::run_on_caller(pg, s.st->complete_quiet.sql, &p, s.st->complete_quiet.types,
+                              s.describe)
           .affected() > 0) {
     return WriteResult::kDone;
   }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -787,6 +788,56 @@ class OtherPgDatabase {
   std::string name_;
   std::shared_ptr<Store> store_;
 };
+
+// The complete written in the caller's transaction sends no notification itself (its commit
+// would hold the server's notification-queue lock through the flush, one caller after
+// another); the executor sends it once the commit is reported. A waiter in another process
+// (here: another store object, whose polls are an hour apart) is woken by it.
+TEST(PostgresTransactionNotify, AWaiterIsWokenOnceRunInTransactionCommits) {
+  const std::string table = testing::fresh_table("txn");
+  auto owner_store = std::make_shared<PostgresStore>(
+      PostgresStoreOptions{.conninfo = testing::postgres_url(), .table = table});
+  auto waiter_store = std::make_shared<PostgresStore>(
+      PostgresStoreOptions{.conninfo = testing::postgres_url(), .table = table});
+  // An hour's lease: the waiter's sleep is bounded by the owner's lease deadline too.
+  Executor owner(owner_store, ExecutorOptions{.lease = 1h});
+  Executor waiter(waiter_store);
+  PgConn conn(testing::postgres_url());
+  std::atomic<bool> acting{false};
+  std::atomic<bool> finish{false};
+  auto first = std::async(std::launch::async, [&] {
+    return owner
+        .run_in_transaction(conn.conn(), "s", "k",
+                            [&](const Attempt&) {
+                              acting = true;
+                              while (!finish) std::this_thread::sleep_for(5ms);
+                              return std::string("first");
+                            })
+        .value;
+  });
+  ASSERT_TRUE(testing::eventually([&] { return acting.load(); }));
+  CallOptions patient;
+  patient.wait =
+      WaitPolicy{.max_wait = 1h, .initial_backoff = 1h, .max_backoff = 1h, .watched_backoff = 1h};
+  auto second = std::async(std::launch::async, [&] {
+    return waiter.run(
+        "s", "k", [](const Attempt&) { return std::string("second"); }, patient);
+  });
+  // The waiter asked, found the lease and watches; only a notification can end its wait.
+  ASSERT_TRUE(testing::eventually([&] {
+    const PostgresListenerStats l = waiter_store->listener_stats();
+    return l.watches == 1 && l.listening;
+  }));
+  finish = true;
+  EXPECT_EQ(first.get(), "first");
+  const bool woken = second.wait_for(30s) == std::future_status::ready;
+  if (!woken) waiter.shutdown(Duration{0});  // ends the wait (ShutDown), so nothing hangs
+  ASSERT_TRUE(woken) << "the waiter was not woken after the commit";
+  auto r = second.get();
+  EXPECT_TRUE(r.replayed);
+  EXPECT_EQ(r.value, "first");
+  PgConn(testing::postgres_url()).exec("DROP TABLE IF EXISTS " + table);
+}
 
 TEST(OtherDatabase, PostgresRefusesAConnectionOnAnotherDatabaseWithItsOwnIdemTable) {
   const std::string table = testing::fresh_table("xdb");
