@@ -1052,9 +1052,9 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
     try {
       const std::optional<Record> now = store_->get(owner.scope(), owner.key());
       if (!now) {
-        return "the record is gone (forgotten by an operator, purged, or lost by the store: a "
-               "failover of a replicated store can lose recent writes) while this call held "
-               "the lease" +
+        return "the record was deleted (forgotten by an operator, or purged) or lost by the "
+               "store (a failover of a replicated store can lose recent writes) while this call "
+               "held the lease" +
                tail;
       }
       if (now->state == RecordState::kInProgress && now->token == owner.token()) {
@@ -1064,19 +1064,20 @@ class ExecutorImpl : public std::enable_shared_from_this<ExecutorImpl> {
                std::to_string(now->token) +
                "): the connection it was written on does not reach the store's records" + tail;
       }
-      const std::string who =
-          "another caller (lease " + std::to_string(now->token) +
-          (now->state == RecordState::kInProgress ? ", attempt " + std::to_string(now->attempt)
-                                                  : std::string()) +
-          ") ";
-      // Attempt 1 under another token: the key was acquired afresh, so this lease's record
-      // had gone first, not expired and been taken over.
-      const std::string how = now->attempt > 1 || now->state == RecordState::kComplete
-                                  ? "after this lease expired, or after its record was lost"
-                                  : "after this lease's record was deleted or lost (an "
-                                    "operator's forget, a purge, or a store failover)";
-      if (now->state == RecordState::kInProgress) return who + "took the key over " + how + tail;
-      return who + "completed the key " + how + tail;
+      if (now->state == RecordState::kInProgress && now->attempt <= 1) {
+        // Attempt 1 under another token: the key was acquired afresh, so this lease's
+        // record had gone first; it did not expire and get taken over.
+        return "another caller acquired the key afresh (lease " + std::to_string(now->token) +
+               ", attempt 1) after this lease's record was deleted or lost (an operator's "
+               "forget, a purge, or a store failover)" +
+               tail;
+      }
+      if (now->state == RecordState::kInProgress) {
+        return "another caller took the key over (lease " + std::to_string(now->token) +
+               ", attempt " + std::to_string(now->attempt) + ") after this lease expired" + tail;
+      }
+      return "another caller (lease " + std::to_string(now->token) +
+             ") completed the key after this lease expired or its record was lost" + tail;
     } catch (...) {
       return "the store fenced the write: the lease expired and another caller took the key "
              "over, or the record was deleted" +
