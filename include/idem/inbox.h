@@ -25,7 +25,10 @@ namespace idem {
 class Inbox {
  public:
   // Records go under the scope "inbox:" + name, so two inboxes never see each other's ids.
-  Inbox(Executor& executor, std::string_view name, OpenTransactionOptions options = {})
+  // `options` as Executor::run_in_open_transaction's: with no waiting policy (the default),
+  // a message whose id another consumer's open transaction is processing right now throws
+  // InProgress (roll back; the queue delivers it again) instead of waiting for it.
+  Inbox(Executor& executor, std::string_view name, CallOptions options = {})
       : executor_(executor), scope_("inbox:" + std::string(name)), options_(std::move(options)) {}
 
   // Runs `handler()` (its writes through `conn`) unless message `id` was processed before,
@@ -44,7 +47,7 @@ class Inbox {
  private:
   Executor& executor_;
   std::string scope_;
-  OpenTransactionOptions options_;
+  CallOptions options_;
 };
 
 }  // namespace idem
