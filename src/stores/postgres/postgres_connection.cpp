@@ -769,6 +769,14 @@ Result run_on_caller(PGconn* conn, const std::string& text, const Params* params
   while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
   const bool lost = PQstatus(conn) == CONNECTION_BAD;
   const std::string sqlstate = state != nullptr ? state : (lost ? "08006" : "");
+  if (sqlstate == "25006") {
+    // read_only_sql_transaction: the caller's connection cannot carry the record's write
+    // (SPEC §14), which is the caller's to fix, not an outage.
+    throw InvalidArgument("connection",
+                          "is read-only (a READ ONLY transaction, default_transaction_read_only, "
+                          "or a hot standby): the record cannot be written on it; roll back (" +
+                              message + ")");
+  }
   throw PgError(store, "on the caller's connection: " + statement_failure_reason(sqlstate, message),
                 sqlstate);
 }

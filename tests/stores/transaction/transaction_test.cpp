@@ -5,6 +5,7 @@
 
 #include "idem/transaction.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -836,6 +837,33 @@ TEST(PostgresTransactionNotify, AWaiterIsWokenOnceRunInTransactionCommits) {
   auto r = second.get();
   EXPECT_TRUE(r.replayed);
   EXPECT_EQ(r.value, "first");
+  PgConn(testing::postgres_url()).exec("DROP TABLE IF EXISTS " + table);
+}
+
+// A read-only caller's transaction cannot carry the record: InvalidArgument naming the
+// connection, and nothing is written (the caller rolls back).
+TEST(PostgresReadOnlyCaller, AReadOnlyTransactionIsRefusedAsTheCallersNotAnOutage) {
+  const std::string table = testing::fresh_table("txro");
+  auto store = std::make_shared<PostgresStore>(
+      PostgresStoreOptions{.conninfo = testing::postgres_url(), .table = table});
+  Executor exec(store);
+  PgConn conn(testing::postgres_url());
+  conn.exec("BEGIN READ ONLY");
+  try {
+    exec.run_in_open_transaction(conn.conn(), "s", "k", [](const Attempt&) { return 1; });
+    ADD_FAILURE() << "a read-only transaction carried the record";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.argument(), "connection");
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("read-only"));
+  }
+  conn.rollback();
+  conn.exec("SET default_transaction_read_only = on");
+  EXPECT_THROW(exec.run_in_transaction(conn.conn(), "s", "k2", [](const Attempt&) { return 2; }),
+               InvalidArgument);
+  conn.exec("SET default_transaction_read_only = off");
+  EXPECT_FALSE(store->get("s", "k"));
+  EXPECT_FALSE(store->get("s", "k2")) << "a lease was left behind";
+  EXPECT_EQ(exec.active_leases(), 0u);
   PgConn(testing::postgres_url()).exec("DROP TABLE IF EXISTS " + table);
 }
 
