@@ -193,6 +193,23 @@ def test_a_taken_over_key_fences_the_old_owner(store, scope):
         other.close(timeout=0)
 
 
+def test_after_forget_the_same_executor_acquires_as_another_would(store, scope):
+    # Issue 36: the executor's memory of an in-process owner does not outlive its record: a
+    # second caller in the same executor acquires at once, as one in another executor does.
+    ex = idem.Executor(store, lease=60)
+    try:
+        first = ex.begin(scope, "k")
+        assert store.forget(scope, "k")
+        second = ex.begin(scope, "k")
+        assert not second.replayed and second.token > first.token
+        with pytest.raises(idem.LeaseLost):
+            first.complete("old")
+        second.complete("new")
+        assert ex.run(scope, "k", lambda a: "x").value == "new"
+    finally:
+        ex.close(timeout=0)
+
+
 def test_lease_lost_reads_true_after_complete_raised_lease_lost(store, scope):
     # docs/python.md: lease_lost is true when another caller took the key over. Here only
     # complete() can tell: the heartbeat (every 20 s) has not come round yet.
